@@ -1,0 +1,120 @@
+"""The course's one configuration: which repository and release the lessons point at.
+
+Every lesson's badge row (Open in Colab, Launch Binder) and its Colab install cell are
+built here from ``REPO`` and ``REF``. ``python -m mgpu_edu.course`` rewrites them in
+``lessons/`` (and the README's lesson table); a test checks they agree.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+#: GitHub "owner/name" of the course repository. Change it here only.
+REPO = "mgpu-edu/mgpu_edu"
+#: Git tag or commit that Colab installs and the badges open. Tag each release vX.Y.Z.
+REF = "v0.1.0"
+
+#: (file, title) for every lesson, in order.
+LESSONS: tuple[tuple[str, str], ...] = (
+    ("00_devices.ipynb", "Devices: physical, logical, and how to split one"),
+)
+
+#: Cell metadata key that marks the cells this module writes.
+CELL_ROLE = "mgpu_edu_role"
+
+_SLUG = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
+
+
+def check_slug(repo: str) -> str:
+    """Return repo if it looks like GitHub's "owner/name", else raise ValueError saying why."""
+    if not isinstance(repo, str) or not _SLUG.match(repo):
+        raise ValueError(
+            f"{repo!r} is not a GitHub repository slug. Write it as OWNER/NAME, for example "
+            "'my-school/mgpu_edu' (letters, digits, '-', '.', '_')."
+        )
+    return repo
+
+
+def colab_url(lesson: str, repo: str = REPO, ref: str = REF) -> str:
+    """The address that opens a lesson in Colab."""
+    return f"https://colab.research.google.com/github/{repo}/blob/{ref}/lessons/{lesson}"
+
+
+def binder_url(lesson: str, repo: str = REPO, ref: str = REF) -> str:
+    """The address that opens a lesson in JupyterLab on mybinder.org."""
+    return f"https://mybinder.org/v2/gh/{repo}/{ref}?urlpath=lab/tree/lessons/{lesson}"
+
+
+def badge_row(lesson: str, repo: str = REPO, ref: str = REF) -> str:
+    """Markdown for a lesson's badges.
+
+    Example:
+        >>> badge_row("00_devices.ipynb", "me/course", "v1").count("](https://")
+        4
+    """
+    return (
+        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(lesson, repo, ref)}) "
+        f"[![Launch Binder](https://mybinder.org/badge_logo.svg)]({binder_url(lesson, repo, ref)})"
+    )
+
+
+def install_cell(repo: str = REPO, ref: str = REF) -> str:
+    """Source of the first code cell: installs mgpu_edu on Colab only, pinned to ref."""
+    return (
+        "# On Colab, install the course's helper package (pinned to one release).\n"
+        "# Everywhere else this cell does nothing: your environment already has it.\n"
+        "import sys\n"
+        "\n"
+        'if "google.colab" in sys.modules:\n'
+        f'    %pip install --quiet "mgpu-edu @ git+https://github.com/{repo}@{ref}"'
+    )
+
+
+def configure_notebook(nb, lesson: str, repo: str = REPO, ref: str = REF) -> bool:  # noqa: ANN001
+    """Rewrite a notebook's badge and install cells; return True if anything changed."""
+    wanted = {"badges": badge_row(lesson, repo, ref), "colab-install": install_cell(repo, ref)}
+    changed = False
+    for cell in nb.cells:
+        role = cell.get("metadata", {}).get(CELL_ROLE)
+        if role in wanted and cell.source != wanted[role]:
+            cell.source = wanted[role]
+            changed = True
+    return changed
+
+
+def lesson_table(repo: str = REPO, ref: str = REF) -> str:
+    """The README's lesson table, with badges."""
+    lines = ["| # | lesson | open |", "|---|---|---|"]
+    for file, title in LESSONS:
+        lines.append(f"| {file[:2]} | [{title}](lessons/{file}) | {badge_row(file, repo, ref)} |")
+    return "\n".join(lines)
+
+
+def configure(lessons_dir: Path, repo: str = REPO, ref: str = REF, readme: Path | None = None) -> list[Path]:
+    """Point every lesson in lessons_dir (and the README's table) at repo@ref; return changed files."""
+    import nbformat
+
+    check_slug(repo)
+    changed = []
+    for file, _ in LESSONS:
+        path = lessons_dir / file
+        nb = nbformat.read(path, as_version=4)
+        if configure_notebook(nb, file, repo, ref):
+            nbformat.write(nb, path)
+            changed.append(path)
+    if readme is not None and readme.exists():
+        text = readme.read_text(encoding="utf-8")
+        new = re.sub(r"(<!-- lessons:start -->\n).*?(\n<!-- lessons:end -->)",
+                     lambda m: m.group(1) + lesson_table(repo, ref) + m.group(2), text, flags=re.S)
+        if new != text:
+            readme.write_text(new, encoding="utf-8")
+            changed.append(readme)
+    return changed
+
+
+if __name__ == "__main__":  # python -m mgpu_edu.course: refresh badges from REPO and REF
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()
+    for path in configure(root / "lessons", readme=root / "README.md"):
+        print(f"updated {path}")
