@@ -117,7 +117,7 @@ class DeviceLayout:
         rows = [header, *self._rows()]
         widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
         lines = [self.banner]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in rows]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -220,7 +220,8 @@ def _plan(tf: Any, n: int, memory_limit_mb: int | None, prefer_physical: bool, c
     if not gpus:
         notes = ()
         if memory_limit_mb is not None:
-            notes = (f"(memory_limit_mb={memory_limit_mb:,} not applied: TensorFlow has no memory limits for logical CPUs.)",)
+            notes = (f"(memory_limit_mb={memory_limit_mb:,} not applied: "
+                     "TensorFlow has no memory limits for logical CPUs.)",)
         cpus = tf.config.list_physical_devices("CPU")
         return _Plan("CPU", "split", n, (None,) * n, tuple(cpus[:1]), "No GPU", notes)
 

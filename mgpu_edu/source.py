@@ -23,7 +23,8 @@ class Source:
         from pygments.lexers import PythonLexer
 
         formatter = HtmlFormatter(noclasses=True, style="default")
-        return f"<details open><summary><code>{self.name}</code></summary>{highlight(self.text, PythonLexer(), formatter)}</details>"
+        code = highlight(self.text, PythonLexer(), formatter)
+        return f"<details open><summary><code>{self.name}</code></summary>{code}</details>"
 
 
 def show_source(obj: Any) -> Source:

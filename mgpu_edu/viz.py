@@ -45,7 +45,7 @@ def draw_layout(layout: DeviceLayout, ax: Axes | None = None) -> Axes:
         ax.add_patch(FancyBboxPatch((i * width / n + 0.1, 0.2), width / n - 0.2, 0.8, boxstyle="round,pad=0.02",
                                     facecolor=device_color(i), edgecolor="black", alpha=0.85))
         limit = layout.memory_limits_mb[i]
-        memory = f"{limit:,} MB" if limit else ("shares cores + RAM" if layout.kind == "CPU" else "whole GPU")
+        memory = f"{limit:,} MB" if limit else ("shared RAM" if layout.kind == "CPU" else "whole GPU")
         ax.text((i + 0.5) * width / n, 0.6, f"{logical.split('/')[-1]}\n{memory}", ha="center", va="center",
                 fontsize=9, color="white", fontweight="bold")
         parent = 0 if layout.mode == "split" else i

@@ -1,0 +1,144 @@
+"""Measure the course's budgets: each lesson under nbval (time, kernel peak memory) and import time.
+
+Usage (from the repository root, inside the dev environment):
+
+    python benchmarks/budgets.py                 # every lesson
+    python benchmarks/budgets.py 00 03           # some lessons
+    python benchmarks/budgets.py --out FILE.md   # where the table goes (default benchmarks/results.md)
+    python benchmarks/budgets.py --readme        # also refresh the README's budget table
+
+Each lesson runs under ``pytest --nbval-lax`` in its own process, so in a fresh kernel. While it
+runs, the process tree is sampled every 50 ms with psutil: the kernel's peak RSS is the largest
+resident size seen for the ipykernel process, and "tree" is the largest sum over every process
+the run started (pytest, kernel, and any subprocess a lesson starts). Budgets (README): suite
+≤ 180 s, lesson ≤ 30 s, kernel ≤ 1.2 GB, ``import mgpu_edu`` and ``mgpu-edu --help`` ≤ 0.3 s.
+Times are measured and reported here, never asserted in unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSON_BUDGET_S, SUITE_BUDGET_S, KERNEL_BUDGET_MB, IMPORT_BUDGET_S = 30.0, 180.0, 1200.0, 0.3
+
+
+def _sample(proc: psutil.Process, stop: threading.Event, peaks: dict[str, float]) -> None:
+    while not stop.is_set():
+        try:
+            family = [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            break
+        total = 0.0
+        for p in family:
+            try:
+                rss = p.memory_info().rss / 2**20
+                total += rss
+                if any("ipykernel" in part for part in p.cmdline()):
+                    peaks["kernel_mb"] = max(peaks["kernel_mb"], rss)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        peaks["tree_mb"] = max(peaks["tree_mb"], total)
+        stop.wait(0.05)
+
+
+def run_lesson(path: Path) -> dict:
+    """Run one lesson under nbval in a fresh process; return time, memory and the outcome."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", str(path.relative_to(ROOT))]
+    peaks = {"kernel_mb": 0.0, "tree_mb": 0.0}
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(psutil.Process(proc.pid), stop, peaks), daemon=True)
+    sampler.start()
+    output, _ = proc.communicate()
+    seconds = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    summary = output.strip().splitlines()[-1] if output.strip() else ""
+    return {"lesson": path.name, "seconds": round(seconds, 1), "kernel_mb": round(peaks["kernel_mb"]),
+            "tree_mb": round(peaks["tree_mb"]), "passed": proc.returncode == 0, "summary": summary}
+
+
+def time_import(statement: str, repeats: int = 5) -> float:
+    """Best of a few fresh-process timings of one statement (the process start is excluded)."""
+    code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+    best = min(float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True, cwd=ROOT).stdout) for _ in range(repeats))
+    return round(best, 3)
+
+
+def time_command(args: list[str], repeats: int = 5) -> float:
+    """Best wall time of a whole command, process start included."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        subprocess.run(args, capture_output=True, check=True, cwd=ROOT)
+        best = min(best, time.perf_counter() - start)
+    return round(best, 3)
+
+
+def table(rows: list[dict]) -> str:
+    """The README's budget table: lesson · time · memory."""
+    lines = ["| lesson | nbval time (s) | kernel peak (MB) | all processes (MB) | within budget |",
+             "|---|---:|---:|---:|---|"]
+    for row in rows:
+        ok = row["passed"] and row["seconds"] <= LESSON_BUDGET_S and row["kernel_mb"] <= KERNEL_BUDGET_MB
+        lines.append(f"| {row['lesson']} | {row['seconds']:.1f} | {row['kernel_mb']:,} | {row['tree_mb']:,} | "
+                     f"{'yes' if ok else 'NO'}{'' if row['passed'] else ' (failed)'} |")
+    total = sum(row["seconds"] for row in rows)
+    lines.append(f"| **whole suite** | **{total:.1f}** | max {max(r['kernel_mb'] for r in rows):,} | "
+                 f"max {max(r['tree_mb'] for r in rows):,} | {'yes' if total <= SUITE_BUDGET_S else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("lessons", nargs="*", help="lesson numbers (e.g. 00 03); default all")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results.md")
+    parser.add_argument("--readme", action="store_true", help="also refresh the table in README.md")
+    args = parser.parse_args()
+    paths = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
+    if args.lessons:
+        paths = [p for p in paths if p.name[:2] in args.lessons]
+        if not paths:
+            parser.error(f"no lesson matches {args.lessons}; lessons are numbered 00 to 08")
+    rows = []
+    for path in paths:
+        row = run_lesson(path)
+        print(f"{row['lesson']}: {row['seconds']} s, kernel {row['kernel_mb']} MB, {row['summary']}", flush=True)
+        rows.append(row)
+    imports = {"import mgpu_edu (s)": time_import("import mgpu_edu")}
+    cli = ROOT / ".venv" / "bin" / "mgpu-edu"
+    if cli.exists():
+        imports["mgpu-edu --help, whole process (s)"] = time_command([str(cli), "--help"])
+    machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    text = (f"# Budget results\n\nMeasured {time.strftime('%Y-%m-%d')} on {machine} by "
+            f"`python benchmarks/budgets.py`.\n\n{table(rows)}\n\n"
+            + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items()) + "\n")
+    args.out.write_text(text, encoding="utf-8")
+    args.out.with_suffix(".json").write_text(json.dumps({"lessons": rows, **imports}, indent=1) + "\n")
+    print(text)
+    if args.readme:
+        readme = ROOT / "README.md"
+        old = readme.read_text(encoding="utf-8")
+        body = text.split("\n\n", 1)[1].strip()
+        new = re.sub(r"(<!-- budgets:start -->).*?(<!-- budgets:end -->)",
+                     lambda m: f"{m.group(1)}\n{body}\n{m.group(2)}", old, flags=re.S)
+        readme.write_text(new, encoding="utf-8")
+    return 0 if all(row["passed"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

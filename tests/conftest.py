@@ -1,0 +1,104 @@
+"""Shared fixtures: a fake TensorFlow for the GPU branch, and a fresh-process runner."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import types
+
+import pytest
+
+from mgpu_edu import devices, env, quiet
+
+
+class FakeDevice:
+    def __init__(self, name: str, device_type: str):
+        self.name, self.device_type = name, device_type
+
+    def __repr__(self) -> str:
+        return f"FakeDevice({self.name!r})"
+
+
+class FakeConfig:
+    """Just enough of ``tf.config`` for setup_devices, recording every call."""
+
+    def __init__(self, gpus: int, gpu_name: str, initialized: bool = False):
+        self.physical = {
+            "GPU": [FakeDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(gpus)],
+            "CPU": [FakeDevice("/physical_device:CPU:0", "CPU")],
+        }
+        self.gpu_name = gpu_name
+        self.initialized = initialized
+        self.visible: list[FakeDevice] | None = None
+        self.logical_config: list[types.SimpleNamespace] | None = None
+        self.calls: list[str] = []
+        self.experimental = types.SimpleNamespace(get_device_details=self._details)
+
+    def _details(self, device: FakeDevice) -> dict:
+        return {"device_name": self.gpu_name} if device.device_type == "GPU" else {}
+
+    def list_physical_devices(self, kind: str) -> list[FakeDevice]:
+        return list(self.physical[kind])
+
+    def LogicalDeviceConfiguration(self, memory_limit=None):  # noqa: N802 - TF's name
+        return types.SimpleNamespace(memory_limit=memory_limit)
+
+    def _check(self) -> None:
+        if self.initialized:
+            raise RuntimeError("Virtual devices cannot be modified after being initialized")
+
+    def set_visible_devices(self, devices_: list, kind: str) -> None:
+        self._check()
+        self.calls.append(f"set_visible_devices({len(devices_)})")
+        self.visible = list(devices_)
+
+    def set_logical_device_configuration(self, device, configs) -> None:
+        self._check()
+        self.calls.append(f"set_logical_device_configuration({device.name}, {len(configs)})")
+        self.logical_config = list(configs)
+
+    def list_logical_devices(self, kind: str) -> list[FakeDevice]:
+        if kind == "CPU":
+            return [FakeDevice("/device:CPU:0", "CPU")]
+        if self.logical_config is not None:
+            count = len(self.logical_config)
+        elif self.visible is not None:
+            count = len(self.visible)
+        else:
+            count = len(self.physical["GPU"])
+        return [FakeDevice(f"/device:GPU:{i}", "GPU") for i in range(count)]
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Make setup_devices see a fake machine: fake_gpu(gpus=1, name="Tesla T4", memory_mb=15360)."""
+
+    def install(gpus: int = 1, name: str = "Tesla T4", memory_mb: int | None = 15360,
+                platform: str = "colab", initialized: bool = False) -> FakeConfig:
+        config = FakeConfig(gpus, name, initialized)
+        fake_tf = types.SimpleNamespace(config=config)
+        monkeypatch.setattr(quiet, "import_tensorflow", lambda: fake_tf)
+        monkeypatch.setattr(
+            env, "_query_nvidia_smi",
+            lambda: tuple(env.GpuInfo(i, name, memory_mb) for i in range(gpus)),
+        )
+        monkeypatch.setenv(env.PLATFORM_VARIABLE, platform)
+        env.detect_environment.cache_clear()
+        return config
+
+    monkeypatch.setattr(devices, "_ACTIVE", None)
+    monkeypatch.setattr(devices, "_ACTIVE_CALL", "")
+    yield install
+    env.detect_environment.cache_clear()
+
+
+def run_fresh(code: str, timeout: float = 180) -> dict:
+    """Run code in a new Python process (one device layout per process); return its JSON result.
+
+    The code must assign a JSON-able value to ``result``; printed text comes back as "stdout".
+    """
+    wrapper = textwrap.dedent(code) + "\nimport json as _j\nprint('@@RESULT@@' + _j.dumps(result))\n"
+    completed = devices.run_in_new_process(wrapper, timeout=timeout)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    stdout, _, payload = completed.stdout.rpartition("@@RESULT@@")
+    return {"stdout": stdout, "result": json.loads(payload)}

@@ -1,0 +1,91 @@
+"""The course configuration, the lessons and the README agree with each other."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mgpu_edu import course
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ROOT / "lessons"
+
+
+def test_every_lesson_file_is_listed_and_named_nn_topic():
+    on_disk = sorted(p.name for p in LESSONS.glob("*.ipynb"))
+    assert on_disk == [file for file, _ in course.LESSONS]
+    for file in on_disk:
+        assert re.fullmatch(r"0[0-8]_[a-z0-9_]+\.ipynb", file), file
+
+
+@pytest.mark.parametrize(("file", "title"), course.LESSONS)
+def test_lesson_spine(file, title):
+    nb = nbformat.read(LESSONS / file, as_version=4)
+    roles = {cell.metadata.get(course.CELL_ROLE): cell for cell in nb.cells}
+    # title first, then badges from the one configured slug, then the guarded install cell
+    assert nb.cells[0].source.startswith(f"# {file[:2]} · ")
+    assert roles["badges"].source == course.badge_row(file)
+    install = roles["colab-install"]
+    assert install.source == course.install_cell()
+    first_code = next(cell for cell in nb.cells if cell.cell_type == "code")
+    assert first_code is install
+    headings = [line for cell in nb.cells if cell.cell_type == "markdown"
+                for line in cell.source.splitlines() if line.startswith("## ")]
+    for needed in ("## Overview", "## Setup", "## Exercises", "## Summary", "## What's next"):
+        assert any(h.startswith(needed) for h in headings), (file, needed)
+    # the first TF-touching call is setup_devices, and its banner output is checked
+    setup = next(cell for cell in nb.cells if "setup_devices(" in cell.source and cell.cell_type == "code")
+    assert "NBVAL_CHECK_OUTPUT" in setup.source
+    counts = [cell.execution_count for cell in nb.cells if cell.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), f"{file} is not freshly executed; run make lessons"
+
+
+def test_readme_table_matches_configuration():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert course.lesson_table() in readme
+
+
+def test_configure_is_idempotent_and_repoints(tmp_path):
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    for file, _ in course.LESSONS:
+        (lessons / file).write_bytes((LESSONS / file).read_bytes())
+    assert course.configure(lessons) == []  # already pointing at REPO@REF
+    changed = course.configure(lessons, repo="my-school/gpu-course", ref="spring-2027")
+    assert len(changed) == len(course.LESSONS)
+    nb = nbformat.read(changed[0], as_version=4)
+    text = "".join(cell.source for cell in nb.cells)
+    assert "my-school/gpu-course@spring-2027" in text
+    assert "github/my-school/gpu-course/blob/spring-2027/lessons/" in text
+    assert course.configure(lessons, repo="my-school/gpu-course", ref="spring-2027") == []
+
+
+@pytest.mark.parametrize("slug", ["", "noslash", "a/b/c", "-bad/name", "owner/", "owner name/x", None])
+def test_bad_slug_is_explained(slug):
+    with pytest.raises(ValueError, match="OWNER/NAME"):
+        course.check_slug(slug)
+
+
+def test_good_slug_passes():
+    assert course.check_slug("my-school/mgpu_edu.v2") == "my-school/mgpu_edu.v2"
+
+
+def test_binder_files():
+    lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    requirements = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    assert "." in requirements
+    assert any(r.startswith("tensorflow-cpu") for r in requirements)
+    assert not any(re.match(r"tensorflow(\[|[<>=]|$)", r) for r in requirements)
+    assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
+
+
+def test_lessons_ship_inside_the_wheel():
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = config["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert include["lessons"] == "mgpu_edu/lessons"
+    assert "tensorflow" not in " ".join(config["project"]["dependencies"])
