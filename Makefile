@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[$(FLAVOUR),dev]"
 	touch $@
 
-# Open the lessons in JupyterLab 4.
+# Open the lessons in JupyterLab 4 (--allow-root only when run as root, e.g. in a container).
+ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
-	$(BIN)/jupyter lab lessons/
+	$(BIN)/jupyter lab $(ROOT_FLAG) lessons/
 
 # Lint, unit tests, and every lesson under nbval.
 test: setup
