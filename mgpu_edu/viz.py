@@ -73,3 +73,139 @@ def draw_memory_split(total_mb: int, counts: range, limits: list[int], ax: Axes 
     ax.set_ylabel("memory limit each (MB)")
     ax.set_ylim(0, total_mb * 1.15)
     return ax
+
+
+def _short(device: str) -> str:
+    return device.split("device:")[-1]
+
+
+def draw_timeline(runs: dict[str, list], ax: Axes | None = None) -> Axes:
+    """Gantt chart of measured device work: one row per (run, device), bars from start to end.
+
+    ``runs`` maps a label ("eager", "graph") to spans with ``device``, ``start`` and ``end`` in
+    seconds (as :func:`mgpu_edu.parallel.timed_on_devices` returns them).
+    """
+    import matplotlib.pyplot as plt
+
+    rows = [(label, span) for label, spans in runs.items() for span in spans]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1))
+    devices = sorted({span.device for _, span in rows})
+    for y, (_label, span) in enumerate(reversed(rows)):
+        color = device_color(devices.index(span.device))
+        ax.barh(y, (span.end - span.start) * 1e3, left=span.start * 1e3, color=color, edgecolor="black", height=0.7)
+    ax.set_yticks(range(len(rows)), [f"{label} · {_short(span.device)}" for label, span in reversed(rows)])
+    ax.set_xlabel("time since the call started (ms)")
+    ax.grid(axis="x", alpha=0.3)
+    return ax
+
+
+def draw_batch_flow(sizes: list[int], devices: list[str], ax: Axes | None = None) -> Axes:
+    """How one batch flows through the towers: split, forward/backward per device, combine, update."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    n, batch = len(sizes), sum(sizes)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.4))
+    start = 0
+    for i, size in enumerate(sizes):  # the batch, coloured by which tower gets each example
+        ax.add_patch(plt.Rectangle((start / max(batch, 1) * n, 3.2), size / max(batch, 1) * n, 0.5,
+                                   facecolor=device_color(i), edgecolor="black"))
+        if size:
+            ax.text((start + size / 2) / batch * n, 3.45, f"{size}", ha="center", va="center", color="white",
+                    fontsize=9, fontweight="bold")
+        start += size
+    ax.text(-0.1, 3.45, f"batch of {batch}", ha="right", va="center", fontsize=9)
+    for i, (size, device) in enumerate(zip(sizes, devices, strict=True)):
+        x = i + 0.1
+        ax.add_patch(FancyBboxPatch((x, 1.4), 0.8, 1.2, boxstyle="round,pad=0.02", facecolor=device_color(i),
+                                    alpha=0.85, edgecolor="black"))
+        ax.text(x + 0.4, 2.0, f"tower {i}\n{_short(device)}\n{size} examples\nforward + backward",
+                ha="center", va="center", fontsize=8, color="white")
+        ax.annotate("", xy=(x + 0.4, 2.62), xytext=(x + 0.4, 3.18), arrowprops={"arrowstyle": "->"})
+        ax.annotate("", xy=(n / 2, 0.82), xytext=(x + 0.4, 1.38), arrowprops={"arrowstyle": "->", "color": "gray"})
+    ax.add_patch(FancyBboxPatch((n / 2 - 1.4, 0.1), 2.8, 0.7, boxstyle="round,pad=0.02", facecolor="#eeeeee",
+                                edgecolor="black"))
+    ax.text(n / 2, 0.45, "Σ gradients ÷ batch → one update\noutputs concatenated in order", ha="center",
+            va="center", fontsize=9)
+    ax.set_xlim(-1.2, n + 0.1)
+    ax.set_ylim(0, 3.8)
+    ax.axis("off")
+    return ax
+
+
+def draw_allreduce_step(trace, k: int, ax: Axes | None = None) -> Axes:  # noqa: ANN001 - allreduce.Trace
+    """Each device's chunks after step k of an all-reduce trace, with the sends of step k as arrows.
+
+    A cell shows which devices' data the chunk has summed; it darkens as the sum fills, and
+    is marked Σ when complete.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    n = trace.n
+    chunks = len(trace.chunk_bytes)
+    state = trace.state_at(k)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.1 * chunks + 2.5, 0.55 * n + 1.2))
+    for d in range(n):
+        y = n - 1 - d
+        for c in range(chunks):
+            members = state[d][c]
+            share = len(members) / n
+            base = to_rgb(device_color(d))
+            face = tuple(1 - share * (1 - v) for v in base)
+            ax.add_patch(plt.Rectangle((c, y + 0.1), 0.9, 0.8, facecolor=face, edgecolor="black"))
+            label = "Σ" if len(members) == n else "+".join(map(str, members))
+            ax.text(c + 0.45, y + 0.5, label, ha="center", va="center", fontsize=8 if len(label) < 8 else 6)
+        ax.text(-0.15, y + 0.5, f"device {d}", ha="right", va="center", fontsize=9, color=device_color(d))
+    if k > 0:
+        step = trace.steps[k - 1]
+        for send in step.sends:
+            ys, yd = n - 1 - send.src + 0.5, n - 1 - send.dst + 0.5
+            x = send.chunk + 0.45
+            ax.annotate("", xy=(x + 0.3, yd), xytext=(x + 0.3, ys),
+                        arrowprops={"arrowstyle": "->", "color": "black" if send.op == "add" else "gray",
+                                    "connectionstyle": "arc3,rad=0.3", "lw": 1.2})
+        title = f"{trace.algorithm}, N={n}: step {k} of {len(trace.steps)} ({step.phase}, {len(step.sends)} sends)"
+    else:
+        title = f"{trace.algorithm}, N={n}: before the first step"
+    ax.set_title(title, fontsize=10)
+    ax.set_xlim(-1.3, chunks + 0.1)
+    ax.set_ylim(-0.1, n + 0.1)
+    ax.set_xticks([c + 0.45 for c in range(chunks)], [f"chunk {c}" for c in range(chunks)], fontsize=8)
+    ax.set_yticks([])
+    for side in ("top", "right", "left", "bottom"):
+        ax.spines[side].set_visible(False)
+    return ax
+
+
+def draw_allreduce_cost(ns: list[int], series: dict[str, list[float]], ylabel: str, ax: Axes | None = None,
+                        logy: bool = False) -> Axes:
+    """Line chart of an all-reduce cost (bytes or seconds) against the number of devices N."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.2))
+    for i, (label, values) in enumerate(series.items()):
+        ax.plot(ns, values, marker="o", markersize=3, label=label, color=device_color(i))
+    ax.set_xlabel("devices N")
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def figure_png(fig) -> bytes:  # noqa: ANN001 - a matplotlib Figure
+    """A figure as PNG bytes (what the widgets show), closing it."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()

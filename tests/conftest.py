@@ -102,3 +102,10 @@ def run_fresh(code: str, timeout: float = 180) -> dict:
     assert completed.returncode == 0, completed.stderr[-3000:]
     stdout, _, payload = completed.stdout.rpartition("@@RESULT@@")
     return {"stdout": stdout, "result": json.loads(payload)}
+
+
+@pytest.fixture(scope="session")
+def four_devices() -> list[str]:
+    """This test process's one device layout: 4 logical CPUs (or GPUs where there is one)."""
+    layout = devices.setup_devices(4, verbose=False)
+    return list(layout)

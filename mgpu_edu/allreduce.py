@@ -1,0 +1,371 @@
+"""All-reduce step by step: every device ends with the sum of every device's tensor.
+
+Three algorithms, each written as a *schedule* (who sends which chunk to whom at each step)
+and run by one executor:
+
+- :func:`reduce_to_one_allreduce`: everyone sends to a root, the root adds and sends the sum
+  back. Simple; the root's link carries (N−1)·S each way.
+- :func:`ring_allreduce`: the tensor is cut into N chunks that travel round a ring,
+  first adding (reduce-scatter, N−1 steps) then copying (all-gather, N−1 steps). Every
+  device sends 2(N−1)/N·S, whatever N is.
+- :func:`tree_allreduce`: pairs add up a binary tree to device 0 and the sum comes back down:
+  2·⌈log2 N⌉ steps.
+
+On TensorFlow tensors placed on logical devices, a "send" is a real copy to the receiving
+device (``tf.device`` on the receiver). :func:`simulate` runs the same schedules on NumPy
+arrays for any N, which is what the step-through widget draws. No GPU needed for either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mgpu_edu import quiet
+
+ALGORITHMS = ("ring", "reduce_to_one", "tree")
+
+
+@dataclasses.dataclass(frozen=True)
+class Send:
+    """One message: src sends chunk to dst, which adds it ("add") or stores it ("copy")."""
+
+    src: int
+    dst: int
+    chunk: int
+    op: str
+    nbytes: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One step of a schedule, and each device's chunk states after it.
+
+    ``state[d][c]`` is the tuple of devices whose data chunk c on device d holds the sum of.
+    """
+
+    index: int
+    phase: str
+    sends: tuple[Send, ...]
+    state: tuple[tuple[tuple[int, ...], ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """Everything that moved in one all-reduce."""
+
+    algorithm: str
+    n: int
+    chunk_bytes: tuple[int, ...]
+    initial: tuple[tuple[tuple[int, ...], ...], ...]
+    steps: tuple[Step, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Size S of one device's tensor, in bytes."""
+        return sum(self.chunk_bytes)
+
+    @property
+    def bytes_sent(self) -> list[int]:
+        """Bytes each device sent in total."""
+        sent = [0] * self.n
+        for step in self.steps:
+            for send in step.sends:
+                sent[send.src] += send.nbytes
+        return sent
+
+    @property
+    def bytes_received(self) -> list[int]:
+        """Bytes each device received in total."""
+        received = [0] * self.n
+        for step in self.steps:
+            for send in step.sends:
+                received[send.dst] += send.nbytes
+        return received
+
+    def state_at(self, k: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Chunk states after step k (k=0: before any step)."""
+        return self.initial if k == 0 else self.steps[k - 1].state
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+def ring_schedule(n: int) -> tuple[int, list[tuple[str, list[Send]]]]:
+    """The ring's (chunks, steps): reduce-scatter then all-gather, N−1 steps each.
+
+    At reduce-scatter step s, device i sends chunk (i − s) mod N to device i + 1, which adds
+    it. Afterwards device i holds the full sum of chunk (i + 1) mod N, and the all-gather
+    passes the finished chunks round the same ring.
+
+    Example:
+        >>> chunks, steps = ring_schedule(3)
+        >>> chunks, len(steps), [(s.src, s.dst, s.chunk) for s in steps[0][1]]
+        (3, 4, [(0, 1, 0), (1, 2, 1), (2, 0, 2)])
+    """
+    steps = []
+    for s in range(n - 1):
+        steps.append(("reduce-scatter", [Send(i, (i + 1) % n, (i - s) % n, "add") for i in range(n)]))
+    for s in range(n - 1):
+        steps.append(("all-gather", [Send(i, (i + 1) % n, (i + 1 - s) % n, "copy") for i in range(n)]))
+    return n, steps
+
+
+def reduce_to_one_schedule(n: int, root: int = 0) -> tuple[int, list[tuple[str, list[Send]]]]:
+    """Reduce to the root in one step (everyone sends its whole tensor), then broadcast back.
+
+    Example:
+        >>> chunks, steps = reduce_to_one_schedule(3, root=1)
+        >>> [(phase, [(s.src, s.dst) for s in sends]) for phase, sends in steps]
+        [('reduce', [(0, 1), (2, 1)]), ('broadcast', [(1, 0), (1, 2)])]
+    """
+    others = [i for i in range(n) if i != root]
+    if not others:
+        return 1, []
+    return 1, [("reduce", [Send(i, root, 0, "add") for i in others]),
+               ("broadcast", [Send(root, i, 0, "copy") for i in others])]
+
+
+def tree_schedule(n: int) -> tuple[int, list[tuple[str, list[Send]]]]:
+    """Binary tree: at stride 1, 2, 4 … device i + stride adds into device i; then back down.
+
+    Works for any N (devices without a partner wait that step out).
+
+    Example:
+        >>> chunks, steps = tree_schedule(4)
+        >>> [(phase, [(s.src, s.dst) for s in sends]) for phase, sends in steps]
+        [('reduce', [(1, 0), (3, 2)]), ('reduce', [(2, 0)]), ('broadcast', [(0, 2)]), ('broadcast', [(0, 1), (2, 3)])]
+    """
+    up = []
+    stride = 1
+    while stride < n:
+        up.append([Send(i + stride, i, 0, "add") for i in range(0, n, 2 * stride) if i + stride < n])
+        stride *= 2
+    down = [[Send(s.dst, s.src, 0, "copy") for s in sends] for sends in reversed(up)]
+    return 1, [("reduce", sends) for sends in up] + [("broadcast", sends) for sends in down]
+
+
+_SCHEDULES: dict[str, Callable[..., tuple[int, list[tuple[str, list[Send]]]]]] = {
+    "ring": ring_schedule, "reduce_to_one": reduce_to_one_schedule, "tree": tree_schedule}
+
+
+# ----------------------------------------------------------------------------- executor
+
+
+def _chunk_sizes(length: int, chunks: int) -> list[int]:
+    base, extra = divmod(length, chunks)
+    return [base + 1 if i < extra else base for i in range(chunks)]
+
+
+def _execute(values: list[list[Any]], schedule: list[tuple[str, list[Send]]], itemsize: int,
+             add: Callable[[int, Any, Any], Any], copy: Callable[[int, Any], Any],
+             algorithm: str) -> tuple[list[list[Any]], Trace]:
+    """Run a schedule on per-device chunk lists; every step reads the values from before it."""
+    n = len(values)
+    sizes = [_chunk_value_size(v) for v in values[0]]
+    state = [[(d,) for _ in values[d]] for d in range(n)]
+    initial = tuple(tuple(chunks) for chunks in state)
+    steps = []
+    for index, (phase, sends) in enumerate(schedule, start=1):
+        old_values = [list(chunks) for chunks in values]
+        old_state = [list(chunks) for chunks in state]
+        recorded = []
+        for send in sends:  # several adds into one chunk in a step accumulate (reduce-to-one's root)
+            incoming = old_values[send.src][send.chunk]
+            if send.op == "add":
+                values[send.dst][send.chunk] = add(send.dst, values[send.dst][send.chunk], incoming)
+                state[send.dst][send.chunk] = tuple(sorted(state[send.dst][send.chunk]
+                                                           + old_state[send.src][send.chunk]))
+            else:
+                values[send.dst][send.chunk] = copy(send.dst, incoming)
+                state[send.dst][send.chunk] = old_state[send.src][send.chunk]
+            recorded.append(dataclasses.replace(send, nbytes=sizes[send.chunk] * itemsize))
+        steps.append(Step(index, phase, tuple(recorded), tuple(tuple(chunks) for chunks in state)))
+    trace = Trace(algorithm, n, tuple(s * itemsize for s in sizes), initial, tuple(steps))
+    return values, trace
+
+
+def _chunk_value_size(value: Any) -> int:
+    shape = value.shape
+    return int(shape[0]) if len(shape) else 1
+
+
+def _check_tensors(tensors: Sequence[Any], name: str) -> list[Any]:
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{name} needs at least one tensor (one per device), got an empty list.")
+    shapes = [tuple(t.shape) for t in tensors]
+    dtypes = [getattr(t.dtype, "name", str(t.dtype)) for t in tensors]
+    if len(set(shapes)) > 1:
+        raise ValueError(f"{name}: every tensor must have the same shape, got shapes {shapes}. "
+                         "Each device must hold a tensor of the same size to add them.")
+    if len(set(dtypes)) > 1:
+        raise ValueError(f"{name}: every tensor must have the same dtype, got dtypes {dtypes}. "
+                         "Cast them to one dtype (e.g. tf.cast(t, tf.float32)) first.")
+    return tensors
+
+
+def _allreduce_tf(tensors: Sequence[Any], algorithm: str, trace: bool, **options: Any) -> Any:
+    tf = quiet.import_tensorflow()
+    name = f"{algorithm}_allreduce"
+    tensors = _check_tensors(tensors, name)
+    devices = [t.device for t in tensors]
+    n = len(tensors)
+    chunks, schedule = _SCHEDULES[algorithm](n, **options)
+    shape = tensors[0].shape
+    length = int(tf.size(tensors[0]))
+    sizes = _chunk_sizes(length, chunks)
+    values = []
+    for device, tensor in zip(devices, tensors, strict=True):
+        with tf.device(device):
+            values.append(list(tf.split(tf.reshape(tensor, [-1]), sizes)))
+
+    def add(dst: int, mine: Any, incoming: Any) -> Any:
+        with tf.device(devices[dst]):
+            return mine + incoming  # runs on dst, so incoming is copied there: the send
+
+    def copy(dst: int, incoming: Any) -> Any:
+        with tf.device(devices[dst]):
+            return tf.identity(incoming)
+
+    values, record = _execute(values, schedule, tensors[0].dtype.size, add, copy, algorithm)
+    results = []
+    for device, chunks_ in zip(devices, values, strict=True):
+        with tf.device(device):
+            results.append(tf.reshape(tf.concat(chunks_, axis=0), shape))
+    return (results, record) if trace else results
+
+
+def ring_allreduce(tensors: Sequence[Any], trace: bool = False) -> Any:
+    """Ring all-reduce of N tensors (tensor i on device i); returns N sums, each on its input's device.
+
+    Any shape and length (a length not divisible by N gives chunks that differ by one
+    element), float32 or float64, N = 1 included. With trace=True returns
+    ``(results, trace)``; ``trace.steps`` lists every send and ``trace.bytes_sent`` the bytes
+    each device sent. No GPU: the devices are logical CPUs and the sends are memory copies.
+
+    Example:
+        >>> tensors = [tf.fill([6], float(i)) for i in range(3)]  # one per device  # doctest: +SKIP
+        >>> [t.numpy().tolist() for t in ring_allreduce(tensors)]  # doctest: +SKIP
+        [[3.0, 3.0, 3.0, 3.0, 3.0, 3.0], [3.0, ...], [3.0, ...]]
+    """
+    return _allreduce_tf(tensors, "ring", trace)
+
+
+def reduce_to_one_allreduce(tensors: Sequence[Any], root: int = 0, trace: bool = False) -> Any:
+    """Reduce-to-one-then-broadcast all-reduce; same contract as :func:`ring_allreduce`.
+
+    Every other device sends its whole tensor to ``root``, which adds them and sends the
+    sum back: the root sends (N−1)·S bytes. This is what MirroredStrategy falls back to
+    (``ReductionToOneDevice``) where NCCL can't run.
+    """
+    tensors = list(tensors)
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < max(len(tensors), 1):
+        raise ValueError(f"root={root!r} must be the index of one of the {len(tensors)} devices "
+                         f"(0 to {len(tensors) - 1}).")
+    return _allreduce_tf(tensors, "reduce_to_one", trace, root=root)
+
+
+def tree_allreduce(tensors: Sequence[Any], trace: bool = False) -> Any:
+    """Binary-tree all-reduce (sum up a tree to device 0, then back down); same contract as the ring."""
+    return _allreduce_tf(tensors, "tree", trace)
+
+
+def simulate(algorithm: str, n: int, length: int | None = None, itemsize: int = 4) -> Trace:
+    """Run an algorithm's schedule on NumPy arrays for any n (no TensorFlow); return its trace.
+
+    This is what the step-through widget draws, for an N larger than your device count.
+
+    Example:
+        >>> simulate("ring", 4, length=8).bytes_sent
+        [48, 48, 48, 48]
+    """
+    import numpy as np
+
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        raise ValueError(f"n={n!r} devices: pick a whole number from 1 to 64.")
+    length = n if length is None else length
+    chunks, schedule = _SCHEDULES[algorithm](n)
+    sizes = _chunk_sizes(length, chunks)
+    values = [list(np.split(np.full(length, float(d)), np.cumsum(sizes)[:-1])) for d in range(n)]
+    values, record = _execute(values, schedule, itemsize, lambda dst, a, b: a + b, lambda dst, b: b.copy(),
+                              algorithm)
+    expected = n * (n - 1) / 2
+    assert all(np.all(np.concatenate(v) == expected) for v in values), "schedule did not all-reduce"
+    return record
+
+
+# ----------------------------------------------------------------------------- cost
+
+
+def bytes_per_device(algorithm: str, n: int, nbytes: float) -> float:
+    """Formula: the most bytes any one device sends in one all-reduce of nbytes per device.
+
+    ring: 2(N−1)/N · S; reduce_to_one: (N−1) · S (the root); tree: ⌈log2 N⌉ · S (the root
+    sends the sum to one child per level on the way down).
+
+    Example:
+        >>> bytes_per_device("ring", 4, 1000)
+        1500.0
+    """
+    if n == 1:
+        return 0.0
+    if algorithm == "ring":
+        return 2 * (n - 1) / n * nbytes
+    if algorithm == "reduce_to_one":
+        return float((n - 1) * nbytes)
+    if algorithm == "tree":
+        return float(_tree_max_sends(n) * nbytes)
+    raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
+
+
+def _tree_max_sends(n: int) -> int:
+    sends_by_device = [0] * n
+    for _, sends in tree_schedule(n)[1]:
+        for s in sends:
+            sends_by_device[s.src] += 1
+    return max(sends_by_device)
+
+
+def alpha_beta_time(algorithm: str, n: int, nbytes: float, alpha_s: float = 1e-5,
+                    beta_s_per_byte: float = 1 / 10e9) -> float:
+    """Time model: each step costs α (latency) + β · (bytes one link carries in that step).
+
+    A device sends one message at a time, so the root of reduce-to-one pays N−1 messages
+    each way. ring: 2(N−1)·(α + β·S/N); reduce_to_one: 2(N−1)·(α + β·S);
+    tree: 2⌈log2 N⌉·(α + β·S). Defaults: 10 µs per message, 10 GB/s links.
+
+    Example:
+        >>> round(alpha_beta_time("ring", 2, 1e9, alpha_s=0, beta_s_per_byte=1e-9), 3)
+        1.0
+    """
+    if n == 1:
+        return 0.0
+    if algorithm == "ring":
+        return 2 * (n - 1) * (alpha_s + beta_s_per_byte * nbytes / n)
+    if algorithm == "reduce_to_one":
+        return 2 * (n - 1) * (alpha_s + beta_s_per_byte * nbytes)
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(n)) * (alpha_s + beta_s_per_byte * nbytes)
+    raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
+
+
+def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> tuple[list[Any], str]:
+    """TensorFlow's own all-reduce of the same tensors, through MirroredStrategy; returns (sums, implementation).
+
+    cross_device_ops=None lets MirroredStrategy pick (CollectiveAllReduce in TF 2.16+, which
+    uses NCCL on real GPUs); pass ``tf.distribute.ReductionToOneDevice()`` or
+    ``tf.distribute.HierarchicalCopyAllReduce()`` to choose. Works on logical CPUs.
+    """
+    tf = quiet.import_tensorflow()
+    tensors = _check_tensors(tensors, "tf_allreduce")
+    strategy = tf.distribute.MirroredStrategy([t.device for t in tensors], cross_device_ops=cross_device_ops)
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda context: tensors[context.replica_id_in_sync_group])
+    mirrored = strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, per_replica, per_replica)
+    used = type(strategy.extended._get_cross_device_ops(per_replica)).__name__
+    return list(strategy.experimental_local_results(mirrored)), used

@@ -1,0 +1,144 @@
+"""All-reduce algorithms on real tensors placed on 4 logical devices, and their schedules for any N."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mgpu_edu import allreduce
+
+FUNCTIONS = {
+    "ring": allreduce.ring_allreduce,
+    "reduce_to_one": allreduce.reduce_to_one_allreduce,
+    "tree": allreduce.tree_allreduce,
+}
+
+
+def _placed(devices, arrays, dtype):
+    import tensorflow as tf
+
+    tensors = []
+    for device, array in zip(devices, arrays, strict=False):
+        with tf.device(device):
+            tensors.append(tf.constant(array, dtype))
+    return tensors
+
+
+@pytest.mark.parametrize("algorithm", list(FUNCTIONS))
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("shape", [(7,), (2, 5), (12,), (2,), ()])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sums_land_on_every_device(four_devices, algorithm, n, shape, dtype):
+    rng = np.random.default_rng(n)
+    arrays = [rng.normal(size=shape).astype(dtype) for _ in range(n)]
+    tensors = _placed(four_devices, arrays, dtype)
+    results, trace = FUNCTIONS[algorithm](tensors, trace=True)
+    assert len(results) == n
+    for result, tensor in zip(results, tensors, strict=True):
+        assert result.device == tensor.device and result.dtype == tensor.dtype
+        assert tuple(result.shape) == shape
+        np.testing.assert_allclose(result.numpy(), sum(arrays), rtol=1e-5)
+    assert len(trace.bytes_sent) == n
+    assert trace.total_bytes == int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if n == 1:
+        assert trace.steps == () and trace.bytes_sent == [0]
+
+
+def test_ring_trace_matches_formula_and_states(four_devices):
+    import tensorflow as tf
+
+    tensors = _placed(four_devices, [np.full(1000, i) for i in range(4)], "float32")
+    results, trace = allreduce.ring_allreduce(tensors, trace=True)
+    assert len(trace.steps) == 2 * (4 - 1)
+    assert trace.bytes_sent == [2 * 3 / 4 * 4000] * 4 == [6000] * 4
+    first = trace.steps[0]
+    assert [(s.src, s.dst, s.chunk, s.op) for s in first.sends] == [(0, 1, 0, "add"), (1, 2, 1, "add"),
+                                                                     (2, 3, 2, "add"), (3, 0, 3, "add")]
+    assert first.state[1][0] == (0, 1)
+    after_reduce_scatter = trace.steps[2].state
+    assert [after_reduce_scatter[d][(d + 1) % 4] for d in range(4)] == [(0, 1, 2, 3)] * 4
+    assert all(chunk == (0, 1, 2, 3) for device in trace.steps[-1].state for chunk in device)
+    assert all(float(tf.reduce_min(r)) == 6.0 for r in results)
+
+
+def test_reduce_to_one_root_sends_n_minus_one_copies(four_devices):
+    tensors = _placed(four_devices, [np.ones(10) * i for i in range(4)], "float64")
+    results, trace = allreduce.reduce_to_one_allreduce(tensors, root=2, trace=True)
+    assert trace.bytes_sent == [80, 80, 3 * 80, 80]
+    assert trace.bytes_received == [80, 80, 3 * 80, 80]
+    np.testing.assert_array_equal(results[0].numpy(), np.full(10, 6.0))
+
+
+@pytest.mark.parametrize("root", [-1, 4, 1.0, True])
+def test_bad_root(four_devices, root):
+    tensors = _placed(four_devices, [np.ones(3)] * 4, "float32")
+    with pytest.raises(ValueError, match=r"root=.*0 to 3"):
+        allreduce.reduce_to_one_allreduce(tensors, root=root)
+
+
+@pytest.mark.parametrize("algorithm", list(FUNCTIONS))
+def test_mismatches_are_named(four_devices, algorithm):
+    import tensorflow as tf
+
+    with pytest.raises(ValueError, match=r"same shape.*\(3,\).*\(4,\)"):
+        FUNCTIONS[algorithm](_placed(four_devices, [np.ones(3), np.ones(4)], "float32"))
+    mixed = _placed(four_devices[:1], [np.ones(3)], "float32") + _placed(four_devices[1:], [np.ones(3)], "float64")
+    with pytest.raises(ValueError, match=r"same dtype.*float32.*float64"):
+        FUNCTIONS[algorithm](mixed)
+    with pytest.raises(ValueError, match="empty list"):
+        FUNCTIONS[algorithm]([])
+    del tf
+
+
+@pytest.mark.parametrize("algorithm", allreduce.ALGORITHMS)
+@pytest.mark.parametrize("n", range(1, 17))
+def test_simulated_schedules_reduce_and_match_formulas(algorithm, n):
+    trace = allreduce.simulate(algorithm, n, length=2 * n)
+    final = trace.state_at(len(trace.steps))
+    assert all(chunk == tuple(range(n)) for device in final for chunk in device)
+    assert max(trace.bytes_sent) == allreduce.bytes_per_device(algorithm, n, trace.total_bytes)
+    if algorithm == "ring":
+        assert len(trace.steps) == 2 * (n - 1)
+        assert trace.bytes_sent == [2 * (n - 1) * trace.total_bytes // n] * n
+        assert sum(allreduce.simulate("ring", n, length=2 * n + 1).bytes_sent) == 2 * (n - 1) * (2 * n + 1) * 4
+
+
+def test_alpha_beta_model():
+    s = 4e8
+    assert allreduce.alpha_beta_time("ring", 1, s) == 0.0
+    ring = [allreduce.alpha_beta_time("ring", n, s, alpha_s=0) for n in (2, 4, 16)]
+    assert ring == sorted(ring) and ring[-1] < 2 * s / 10e9  # bandwidth term bounded by 2·S·β
+    assert allreduce.alpha_beta_time("reduce_to_one", 8, s) > allreduce.alpha_beta_time("ring", 8, s)
+    with pytest.raises(ValueError, match="'butterfly'"):
+        allreduce.alpha_beta_time("butterfly", 4, s)
+    with pytest.raises(ValueError, match="n=0"):
+        allreduce.simulate("ring", 0)
+
+
+def test_agrees_with_tensorflow_reductions(four_devices):
+    import tensorflow as tf
+
+    arrays = [np.random.default_rng(i).normal(size=(3, 5)).astype("float32") for i in range(4)]
+    tensors = _placed(four_devices, arrays, "float32")
+    ours = allreduce.ring_allreduce(tensors)
+    for ops, name in [(None, "CollectiveAllReduce"), (tf.distribute.ReductionToOneDevice(), "ReductionToOneDevice"),
+                      (tf.distribute.HierarchicalCopyAllReduce(), "HierarchicalCopyAllReduce")]:
+        theirs, used = allreduce.tf_allreduce(tensors, ops)
+        assert used == name
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+
+
+def test_stepper_widget_builds_and_steps():
+    from mgpu_edu.widgets import AllReduceStepper
+
+    stepper = AllReduceStepper(n=5, algorithm="ring")
+    assert stepper.step.max == 8 and stepper.play.max == 8
+    first = stepper.image.value
+    stepper.step.value = 3
+    assert stepper.image.value != first and stepper.image.value[:4] == b"\x89PNG"
+    assert "mgpu-allreduce" in stepper.root._dom_classes
+    stepper.algorithm.value = "tree"
+    assert stepper.step.value == 0 and stepper.step.max == 6
+    with pytest.raises(ValueError, match="n=1"):
+        AllReduceStepper(n=1)
