@@ -78,3 +78,129 @@ def memory_split(answer: Any, total_mb: int = 15360, n: int = 5) -> Feedback:
     else:
         hint = "take 80 % of the card, divide by the number of devices, round down to a multiple of 256."
     return _report("wrong", f"{answer!r} MB is not it: {hint}")
+
+
+def _number(answer: Any) -> bool:
+    return not isinstance(answer, bool) and isinstance(answer, (int, float))
+
+
+def device_names(answer: Any, expected: list[str]) -> Feedback:
+    """Lesson 01, exercise 1: the names to hand ``tf.device`` for the first logical devices."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `names` to a list of device-name strings.")
+    if not isinstance(answer, (list, tuple)) or not all(isinstance(a, str) for a in answer):
+        return _report("wrong", f"expected a list of strings, got {type(answer).__name__} {answer!r}.")
+    if any("physical_device" in a for a in answer):
+        return _report("wrong", "those are physical device names. tf.device places work on *logical* devices: "
+                                "use tf.config.list_logical_devices(...) and each device's .name.")
+    if [a.split("device:")[-1].upper() for a in answer] == [e.split("device:")[-1].upper() for e in expected]:
+        return _report("correct", f"{list(answer)}. Logical names are what tf.device and "
+                                  "MirroredStrategy(devices=...) take, on a laptop and on a GPU server alike.")
+    if not answer:
+        return _report("wrong", "the list is empty. Did you ask for 'gpu' or 'cpu' in lower case? Device types "
+                                "are upper case: 'GPU', 'CPU' (lower case silently finds nothing).")
+    return _report("wrong", f"{list(answer)} is not the first {len(expected)} logical devices of this kernel. "
+                            "Take them in order from tf.config.list_logical_devices(layout.kind).")
+
+
+def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int = 4) -> Feedback:
+    """Lesson 01, exercise 2: bytes copied when `readers` devices read one variable kept on one of them."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a number of bytes.")
+    if not _number(answer):
+        return _report("wrong", f"expected a number of bytes, got {type(answer).__name__} {answer!r}.")
+    size = elements * itemsize
+    expected = (readers - 1) * size
+    if answer == expected:
+        return _report("correct", f"{expected:,} bytes: every device except the variable's own gets a copy, each "
+                                  "step. This is why strategies mirror variables instead of sharing one copy.")
+    if answer == readers * size:
+        return _report("wrong", "the device that holds the variable reads it in place: it copies nothing.")
+    if answer in (elements * (readers - 1), elements * readers):
+        return _report("wrong", f"that counts elements. Multiply by {itemsize} bytes per float32.")
+    return _report("wrong", f"{answer!r} is not it. Bytes = (devices that don't hold it) × elements × bytes each.")
+
+
+def shard_sizes_function(fn: Any) -> Feedback:
+    """Lesson 02, exercise 1: a function (batch, n) -> shard sizes, as mgpu_edu.parallel.shard_sizes."""
+    from mgpu_edu.parallel import shard_sizes
+
+    if _unsolved(fn):
+        return _report("unsolved", "define `my_shard_sizes(batch, n)` and pass it to the check.")
+    cases = [(10, 4), (8, 4), (3, 4), (1, 2), (17, 5), (0, 3)]
+    for batch, n in cases:
+        try:
+            got = list(fn(batch, n))
+        except Exception as error:  # noqa: BLE001 - a learner's code may raise anything
+            return _report("wrong", f"my_shard_sizes({batch}, {n}) raised {type(error).__name__}: {error}.")
+        want = shard_sizes(batch, n)
+        if got == want:
+            continue
+        if sum(got) != batch:
+            return _report("wrong", f"my_shard_sizes({batch}, {n}) = {got} covers {sum(got)} examples, not {batch}. "
+                                    "Give the remainder batch % n to the first shards, one each.")
+        if sorted(got) == sorted(want):
+            return _report("wrong", f"my_shard_sizes({batch}, {n}) = {got}: right sizes, wrong order. "
+                                    "Put the larger shards first.")
+        return _report("wrong", f"my_shard_sizes({batch}, {n}) = {got}, expected {want}: sizes may differ by "
+                                "at most 1.")
+    return _report("correct", "every example lands in exactly one shard, and no tower waits for a much "
+                              "bigger one: shards differ by at most one example.")
+
+
+def combine_function(fn: Any) -> Feedback:
+    """Lesson 02, exercise 2: combine per-tower (gradient sum, example count) into the batch-mean gradient."""
+    if _unsolved(fn):
+        return _report("unsolved", "define `combine(sums, counts)` and pass it to the check.")
+    cases = [([6.0, 2.0], [3, 1]), ([10.0, 4.0, 0.0], [4, 2, 0]), ([1.0, 1.0], [2, 2])]
+    for sums, counts in cases:
+        try:
+            got = float(fn(list(sums), list(counts)))
+        except ZeroDivisionError:
+            return _report("wrong", f"combine({sums}, {counts}) divided by zero: an empty tower has count 0, so "
+                                    "never divide by one tower's count. Divide the total by the total.")
+        except Exception as error:  # noqa: BLE001 - a learner's code may raise anything
+            return _report("wrong", f"combine({sums}, {counts}) raised {type(error).__name__}: {error}.")
+        want = sum(sums) / sum(counts)
+        if abs(got - want) > 1e-9:
+            mean_of_means = sum(s / c for s, c in zip(sums, counts, strict=True) if c) / len(sums)
+            if abs(got - mean_of_means) < 1e-9:
+                return _report("wrong", f"combine({sums}, {counts}) = {got:g} is the mean of the towers' means. "
+                                        f"With uneven towers that over-weights the small one: add the sums and "
+                                        f"divide by all {sum(counts)} examples ({want:g}).")
+            return _report("wrong", f"combine({sums}, {counts}) = {got:g}, expected {want:g}.")
+    return _report("correct", "sum of tower sums ÷ total examples is exactly the single-device mean, whatever "
+                              "the shard sizes: the property MirroredStrategy relies on too.")
+
+
+def ring_bytes(answer: Any, n: int, nbytes: int) -> Feedback:
+    """Lesson 03, exercise 1: bytes each device sends in a ring all-reduce of nbytes over n devices."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a number of bytes.")
+    if not _number(answer):
+        return _report("wrong", f"expected a number of bytes, got {type(answer).__name__} {answer!r}.")
+    expected = 2 * (n - 1) * nbytes / n
+    if abs(answer - expected) < 0.5:
+        return _report("correct", f"{expected:,.0f} bytes, under 2·S however many devices join: why the ring "
+                                  "scales where reduce-to-one doesn't.")
+    if abs(answer - (n - 1) * nbytes / n) < 0.5:
+        return _report("wrong", "that is one phase. The ring runs reduce-scatter *and* all-gather: double it.")
+    if abs(answer - (n - 1) * nbytes) < 0.5:
+        return _report("wrong", "that is what reduce-to-one's root sends. In the ring each step moves one chunk "
+                                f"of S/{n}, not the whole tensor.")
+    return _report("wrong", f"{answer!r} is not it. Each of 2(N−1) steps sends one chunk of S/N bytes.")
+
+
+def ring_steps(answer: Any, n: int) -> Feedback:
+    """Lesson 03, exercise 2: how many steps a ring all-reduce takes over n devices."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a whole number of steps.")
+    expected = 2 * (n - 1)
+    if answer == expected:
+        return _report("correct", f"{expected} steps. Each costs at least one latency α, so the ring's "
+                                  "latency grows with N: the price of its constant bandwidth.")
+    if answer == n - 1:
+        return _report("wrong", "that is one phase (reduce-scatter). The all-gather takes as many again.")
+    if answer in (n, 2 * n):
+        return _report("wrong", f"a device's own chunk needs no step: each phase takes N−1 = {n - 1} steps.")
+    return _report("wrong", f"{answer!r} is not it. Count the reduce-scatter steps, then the all-gather steps.")

@@ -121,7 +121,7 @@ def draw_batch_flow(sizes: list[int], devices: list[str], ax: Axes | None = None
         x = i + 0.1
         ax.add_patch(FancyBboxPatch((x, 1.4), 0.8, 1.2, boxstyle="round,pad=0.02", facecolor=device_color(i),
                                     alpha=0.85, edgecolor="black"))
-        ax.text(x + 0.4, 2.0, f"tower {i}\n{_short(device)}\n{size} examples\nforward + backward",
+        ax.text(x + 0.4, 2.0, f"tower {i}\n{_short(device)}\n{size} examples\nforward,\nbackward",
                 ha="center", va="center", fontsize=8, color="white")
         ax.annotate("", xy=(x + 0.4, 2.62), xytext=(x + 0.4, 3.18), arrowprops={"arrowstyle": "->"})
         ax.annotate("", xy=(n / 2, 0.82), xytext=(x + 0.4, 1.38), arrowprops={"arrowstyle": "->", "color": "gray"})
