@@ -152,7 +152,7 @@ def combine_function(fn: Any) -> Feedback:
     """Lesson 02, exercise 2: combine per-tower (gradient sum, example count) into the batch-mean gradient."""
     if _unsolved(fn):
         return _report("unsolved", "define `combine(sums, counts)` and pass it to the check.")
-    cases = [([6.0, 2.0], [3, 1]), ([10.0, 4.0, 0.0], [4, 2, 0]), ([1.0, 1.0], [2, 2])]
+    cases = [([6.0, 1.0], [3, 1]), ([10.0, 4.0, 0.0], [4, 2, 0]), ([1.0, 1.0], [2, 2])]
     for sums, counts in cases:
         try:
             got = float(fn(list(sums), list(counts)))

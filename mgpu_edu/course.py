@@ -19,6 +19,9 @@ REF = "v0.1.0"
 #: (file, title) for every lesson, in order.
 LESSONS: tuple[tuple[str, str], ...] = (
     ("00_devices.ipynb", "Devices: physical, logical, and how to split one"),
+    ("01_placement.ipynb", "Placing work on devices"),
+    ("02_data_parallel.ipynb", "Data parallelism by hand"),
+    ("03_allreduce.ipynb", "AllReduce, step by step"),
 )
 
 #: Cell metadata key that marks the cells this module writes.

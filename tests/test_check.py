@@ -1,0 +1,72 @@
+"""Exercise checks: right answers, the typical wrong answers with their hints, and unsolved ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from mgpu_edu import check
+
+
+def test_device_names(capsys):
+    expected = ["/device:CPU:0", "/device:CPU:1"]
+    assert check.device_names(None, expected).status == "unsolved"
+    assert check.device_names(["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"], expected).correct
+    assert "physical" in check.device_names(["/physical_device:CPU:0"], expected).message
+    assert "upper case" in check.device_names([], expected).message
+    assert check.device_names(["/device:CPU:2", "/device:CPU:3"], expected).status == "wrong"
+    assert check.device_names("CPU:0", expected).status == "wrong"
+
+
+def test_cross_device_bytes():
+    assert check.cross_device_bytes(..., 8, 250_000).status == "unsolved"
+    assert check.cross_device_bytes(7_000_000, 8, 250_000).correct
+    assert "reads it in place" in check.cross_device_bytes(8_000_000, 8, 250_000).message
+    assert "counts elements" in check.cross_device_bytes(1_750_000, 8, 250_000).message
+    assert check.cross_device_bytes("7e6", 8, 250_000).status == "wrong"
+
+
+def test_shard_sizes_function():
+    assert check.shard_sizes_function(None).status == "unsolved"
+    assert check.shard_sizes_function(lambda b, n: [b // n + (i < b % n) for i in range(n)]).correct
+    assert "covers" in check.shard_sizes_function(lambda b, n: [b // n] * n).message
+    assert "larger shards first" in check.shard_sizes_function(
+        lambda b, n: sorted([b // n + (i < b % n) for i in range(n)])).message
+    assert "raised ZeroDivisionError" in check.shard_sizes_function(lambda b, n: [1 / 0]).message
+
+
+def test_combine_function():
+    assert check.combine_function(None).status == "unsolved"
+    assert check.combine_function(lambda s, c: sum(s) / sum(c)).correct
+    naive = check.combine_function(lambda s, c: sum(a / b for a, b in zip(s, c, strict=True)) / len(s))
+    assert naive.status == "wrong" and "mean of the towers' means" in naive.message
+    assert check.combine_function(lambda s, c: sum(s)).status == "wrong"
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (10_000_000, "correct", "under 2·S"),
+    (5_000_000, "wrong", "one phase"),
+    (30_000_000, "wrong", "reduce-to-one"),
+    (1, "wrong", "2(N−1) steps"),
+    (None, "unsolved", "number of bytes"),
+])
+def test_ring_bytes(answer, status_, hint):
+    feedback = check.ring_bytes(answer, n=6, nbytes=6_000_000)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_"), [(14, "correct"), (7, "wrong"), (8, "wrong"), (None, "unsolved")])
+def test_ring_steps(answer, status_):
+    assert check.ring_steps(answer, n=8).status == status_
+
+
+def test_combine_function_dividing_by_an_empty_tower():
+    def per_tower(sums, counts):
+        return sum(s / c for s, c in zip(sums, counts, strict=True)) / len(sums)
+
+    feedback = check.combine_function(per_tower)  # fails on the first uneven case already
+    assert feedback.status == "wrong"
+
+    def guarded_first(sums, counts):
+        return sum(sums) / sum(counts) if 0 not in counts else sums[-1] / counts[-1]
+
+    assert "empty tower" in check.combine_function(guarded_first).message
