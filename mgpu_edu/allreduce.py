@@ -363,7 +363,9 @@ def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> tuple[
     """
     tf = quiet.import_tensorflow()
     tensors = _check_tensors(tensors, "tf_allreduce")
-    strategy = tf.distribute.MirroredStrategy([t.device for t in tensors], cross_device_ops=cross_device_ops)
+    from mgpu_edu.mirrored import make_strategy
+
+    strategy = make_strategy([t.device for t in tensors], cross_device_ops=cross_device_ops)
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda context: tensors[context.replica_id_in_sync_group])
     mirrored = strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, per_replica, per_replica)

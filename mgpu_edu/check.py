@@ -7,6 +7,7 @@ missing answer, so an unsolved exercise doesn't stop the rest of the notebook.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from mgpu_edu.devices import default_memory_limit_mb
@@ -204,3 +205,38 @@ def ring_steps(answer: Any, n: int) -> Feedback:
     if answer in (n, 2 * n):
         return _report("wrong", f"a device's own chunk needs no step: each phase takes N−1 = {n - 1} steps.")
     return _report("wrong", f"{answer!r} is not it. Count the reduce-scatter steps, then the all-gather steps.")
+
+
+def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int) -> Feedback:
+    """Lesson 04, exercise 1: steps in one epoch for a per-replica batch on some replicas."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a whole number of steps.")
+    global_batch = per_replica * replicas
+    expected = math.ceil(examples / global_batch)
+    if answer == expected:
+        return _report("correct", f"{expected} steps of {global_batch}: the last one takes the "
+                                  f"{examples - (expected - 1) * global_batch} examples left over.")
+    if answer == examples // global_batch:
+        return _report("wrong", "that drops the short last batch. Round up: the leftover examples make one more step.")
+    if answer in (math.ceil(examples / per_replica), examples // per_replica):
+        return _report("wrong", f"that uses the per-replica batch. Each step consumes the global batch: "
+                                f"{per_replica} × {replicas}.")
+    return _report("wrong", f"{answer!r} is not it: steps = ⌈examples ÷ (per-replica batch × replicas)⌉.")
+
+
+def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_replica: int) -> Feedback:
+    """Lesson 04, exercise 2: the learning rate after the linear scaling rule."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a learning rate.")
+    if not _number(answer):
+        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    expected = base_lr * per_replica * replicas / base_batch
+    if math.isclose(answer, expected, rel_tol=1e-6):
+        return _report("correct", f"{expected:g}: the global batch grew {per_replica * replicas / base_batch:g}×, "
+                                  "so does the rate. Watch the loss: the rule breaks at large factors.")
+    if math.isclose(answer, base_lr, rel_tol=1e-6):
+        return _report("wrong", "that keeps the rate: with fewer, bigger steps per epoch training slows down. "
+                                "Multiply by how much the global batch grew.")
+    if math.isclose(answer, base_lr / replicas, rel_tol=1e-6):
+        return _report("wrong", "that divides. A bigger batch gives a less noisy gradient, so the rule multiplies.")
+    return _report("wrong", f"{answer!r} is not it: rate × (global batch ÷ the batch it was tuned for).")

@@ -46,3 +46,63 @@ def digits(images: bool = False, test_fraction: float = 0.2, seed: int = 0) -> S
         x = x.reshape(-1, 8, 8, 1)
     cut = len(x) - int(round(len(x) * test_fraction))
     return Split(x[:cut], y[:cut], x[cut:], y[cut:])
+
+
+def topic_sequences(n: int = 2000, classes: int = 8, vocab: int = 1000, length: int = 100,
+                    test_fraction: float = 0.2, seed: int = 0) -> Split:
+    """Generated "newswire" token sequences: an offline stand-in for the Reuters topics dataset.
+
+    Each class has 20 keywords. A sequence is ``length`` token ids (1 … vocab−1; 0 is padding),
+    mostly common words drawn from the whole vocabulary, with about 30 % of its tokens taken
+    from its class's keywords. A Conv1D model learns to spot them, as it would spot topic words
+    in news. Labels are int32 in 0 … classes−1.
+
+    Example:
+        >>> split = topic_sequences(n=100, classes=4)
+        >>> split.x_train.shape, int(split.y_train.max()) < 4
+        ((80, 100), True)
+    """
+    for name, value, low in (("n", n, 2), ("classes", classes, 2), ("vocab", vocab, 20 * classes + 1),
+                             ("length", length, 5)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"topic_sequences: {name}={value!r} must be a whole number ≥ {low}.")
+    rng = np.random.default_rng(seed)
+    keywords = rng.choice(np.arange(1, vocab), size=(classes, 20), replace=False)
+    y = rng.integers(0, classes, n).astype("int32")
+    x = rng.integers(1, vocab, size=(n, length))
+    topical = rng.random((n, length)) < 0.3
+    x[topical] = keywords[y[:, None].repeat(length, 1)[topical], rng.integers(0, 20, topical.sum())]
+    cut = n - int(round(n * test_fraction))
+    return Split(x[:cut].astype("int32"), y[:cut], x[cut:].astype("int32"), y[cut:])
+
+
+def reuters(num_words: int = 10_000, length: int = 300) -> Split:
+    """The real Reuters newswire topics (46 classes), as seed 003 used them. **Downloads** ~2 MB.
+
+    Only for machines with internet (Colab); the lessons default to :func:`topic_sequences`.
+    """
+    from mgpu_edu import quiet
+
+    quiet.import_tensorflow()
+    import keras
+
+    (x_train, y_train), (x_test, y_test) = keras.datasets.reuters.load_data(num_words=num_words)
+    pad = keras.utils.pad_sequences
+    return Split(pad(x_train, maxlen=length).astype("int32"), y_train.astype("int32"),
+                 pad(x_test, maxlen=length).astype("int32"), y_test.astype("int32"))
+
+
+def mnist() -> Split:
+    """The real MNIST digits (28×28×1, [0, 1]), as seed 000 used them. **Downloads** ~11 MB.
+
+    Only for machines with internet (Colab); the lessons default to :func:`digits`.
+    """
+    from mgpu_edu import quiet
+
+    quiet.import_tensorflow()
+    import keras
+
+    (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
+    scale = np.float32(1 / 255)
+    return Split((x_train[..., None] * scale).astype("float32"), y_train.astype("int32"),
+                 (x_test[..., None] * scale).astype("float32"), y_test.astype("int32"))

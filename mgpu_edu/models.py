@@ -35,3 +35,45 @@ def per_example_loss() -> Any:
     import keras
 
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def small_cnn(input_shape: Sequence[int] = (8, 8, 1), classes: int = 10, seed: int = 0) -> Any:
+    """Seed 000's small CNN (Conv2D 32 → max-pool → Dense 64 → classes), with logits out.
+
+    For 8×8 digits the convolution pads ("same") so the image survives the pooling.
+    """
+    quiet.import_tensorflow()
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input(tuple(input_shape)),
+        keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+        keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(64, activation="relu"),
+        keras.layers.Dense(classes, name="logits"),
+    ], name="small_cnn")
+
+
+def text_cnn(vocab: int = 1000, length: int = 100, classes: int = 8, seed: int = 0,
+             softmax_output: bool = False) -> Any:
+    """Seed 003's Conv1D text classifier: Embedding → Conv1D 64 → pool → Conv1D 32 → pool → Dense.
+
+    It outputs logits, to pair with ``from_logits=True``. ``softmax_output=True`` rebuilds the
+    seed's bug (softmax output *and* ``from_logits=True``) so the lesson can show its effect.
+    """
+    quiet.import_tensorflow()
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([
+        keras.Input((length,), dtype="int32"),
+        keras.layers.Embedding(vocab, 8),
+        keras.layers.Conv1D(64, 5, activation="relu"),
+        keras.layers.MaxPooling1D(2),
+        keras.layers.Conv1D(32, 3, activation="relu"),
+        keras.layers.MaxPooling1D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(classes, activation="softmax" if softmax_output else None, name="output"),
+    ], name="text_cnn")

@@ -52,11 +52,9 @@ class AllReduceStepper:
         self._draw()
 
     def _draw(self, change: Any = None) -> None:
-        import matplotlib.pyplot as plt
-
         trace, k = self.trace, self.step.value
-        fig, ax = plt.subplots(figsize=(1.0 * len(trace.chunk_bytes) + 2.5, 0.5 * trace.n + 1.2))
-        viz.draw_allreduce_step(trace, k, ax)
+        fig = viz.new_figure(1.0 * len(trace.chunk_bytes) + 2.5, 0.5 * trace.n + 1.2)
+        viz.draw_allreduce_step(trace, k, fig.add_subplot())
         self.image.value = viz.figure_png(fig)
         sent = [0] * trace.n
         for step in trace.steps[:k]:
@@ -69,3 +67,157 @@ class AllReduceStepper:
         from IPython.display import display
 
         display(self.root)
+
+
+class ReplicaBatchExplorer:
+    """Choose replicas and batch size, see how a batch splits, then press Train to really train.
+
+    Live (no training): how one global batch splits over the replicas, per-replica batch,
+    steps per epoch, and the linearly scaled learning rate. **Train** trains ``build_model()``
+    with MirroredStrategy over exactly that many logical devices, behind a progress bar, and
+    adds a row to the results table (class ``mgpu-results``) and a bar to the chart. The root
+    widget has the CSS class ``mgpu-explorer``.
+
+    Invalid choices (a global batch smaller than the replicas) are explained in the widget and
+    disable Train; a click while a run is going is ignored. Works with ipywidgets 7.7 and 8.
+    No GPU: the replicas are logical CPUs sharing the cores, so examples/s won't grow.
+
+    Example:
+        >>> explorer = ReplicaBatchExplorer(models.small_cnn, data.digits(images=True))  # doctest: +SKIP
+        >>> explorer  # doctest: +SKIP
+    """
+
+    def __init__(self, build_model: Any, split: Any, devices: list[str] | None = None, batch: int = 32,
+                 base_lr: float = 0.05, base_batch: int = 32, epochs: int = 2, background: bool = True) -> None:
+        import ipywidgets as w
+
+        from mgpu_edu import devices as _devices
+
+        self.build_model, self.split = build_model, split
+        self.devices = list(devices) if devices is not None else _devices.logical_devices()
+        self.base_lr, self.base_batch, self.background = base_lr, base_batch, background
+        self.results: list[Any] = []
+        self.busy = False
+        self.replicas = w.IntSlider(value=1, min=1, max=len(self.devices), description="replicas")
+        self.batch = w.IntSlider(value=batch, min=1, max=512, description="batch size")
+        self.mode = w.ToggleButtons(options=[("per replica", "per_replica"), ("global", "global")],
+                                    value="per_replica", description="batch is")
+        self.epochs = w.IntSlider(value=epochs, min=1, max=10, description="epochs")
+        self.diagram = w.Image(format="png")
+        self.numbers = w.HTML()
+        self.train_button = w.Button(description="Train", button_style="primary", icon="play")
+        self.progress = w.IntProgress(value=0, min=0, max=1, description="progress")
+        self.status = w.HTML()
+        self.table = w.HTML()
+        self.table.add_class("mgpu-results")
+        self.chart = w.Image(format="png")
+        controls = w.VBox([self.replicas, self.mode, self.batch, self.epochs])
+        self.root = w.VBox([w.HBox([controls, self.diagram]), self.numbers,
+                            w.HBox([self.train_button, self.progress]), self.status, self.table, self.chart])
+        self.root.add_class("mgpu-explorer")
+        for control in (self.replicas, self.batch, self.mode, self.epochs):
+            control.observe(self._update, names="value")
+        self.train_button.on_click(self._clicked)
+        self._render_results()
+        self._update()
+
+    # ------------------------------------------------------------------ live part
+    def plan(self) -> Any:
+        """The batch plan for the current controls (raises ValueError for an invalid choice)."""
+        from mgpu_edu import mirrored
+
+        return mirrored.batch_plan(len(self.split.x_train), self.batch.value, self.replicas.value,
+                                   mode=self.mode.value, base_lr=self.base_lr, base_batch=self.base_batch)
+
+    def _update(self, change: Any = None) -> None:
+        try:
+            plan = self.plan()
+        except ValueError as error:
+            self.numbers.value = f"<p style='color:#b00'>⚠ {html_escape(str(error))}</p>"
+            self.train_button.disabled = True
+            return
+        self.train_button.disabled = self.busy
+        fig = viz.new_figure(5.2, 1.8)
+        fig.subplots_adjust(left=0.2, right=0.97, top=0.95, bottom=0.12)
+        viz.draw_batch_split(plan, fig.add_subplot())
+        self.diagram.value = viz.figure_png(fig, tight=False)
+        note = " (uneven: the first replicas get one more)" if plan.uneven else ""
+        self.numbers.value = (
+            f"<p>{plan.replicas} replica(s) × {plan.per_replica} per replica = global batch "
+            f"<b>{plan.global_batch}</b>{note} · <b>{plan.steps_per_epoch}</b> steps per epoch over "
+            f"{plan.examples:,} examples · learning rate {self.base_lr:g} × {plan.global_batch}/{self.base_batch} "
+            f"= <b>{plan.learning_rate:.4g}</b> (linear scaling)</p>")
+
+    # ------------------------------------------------------------------ training
+    def _clicked(self, button: Any = None) -> None:
+        if self.busy:
+            return
+        if self.background:
+            import threading
+
+            self.busy = True
+            self.train_button.disabled = True
+            threading.Thread(target=self.train, kwargs={"claimed": True}, daemon=True).start()
+        else:
+            self.train()
+
+    def train(self, claimed: bool = False) -> Any:
+        """Train once with the current controls, in this thread; returns the RunResult (None if busy/invalid)."""
+        from mgpu_edu import mirrored
+
+        if self.busy and not claimed:
+            return None
+        try:
+            plan = self.plan()
+        except ValueError as error:
+            self.status.value = f"<p style='color:#b00'>⚠ {html_escape(str(error))}</p>"
+            return None
+        self.busy = True
+        self.train_button.disabled = True
+        self.progress.value, self.progress.max = 0, plan.steps_per_epoch * self.epochs.value
+        self.status.value = f"<p>Training on {', '.join(self.devices[:plan.replicas])} …</p>"
+        try:
+            result = mirrored.train_mirrored(
+                self.build_model, self.split, plan.replicas, plan.global_batch, epochs=self.epochs.value,
+                learning_rate=plan.learning_rate, devices=self.devices, on_batch=self._on_batch)
+        except Exception as error:  # noqa: BLE001 - shown in the widget, never a traceback in the notebook
+            self.status.value = f"<p style='color:#b00'>⚠ Training failed: {html_escape(repr(error))}</p>"
+            return None
+        finally:
+            self.busy = False
+            self._update()
+        self.results.append(result)
+        self.status.value = (f"<p>Done: {result.replicas} replica(s), {result.seconds_per_epoch:.2f} s per epoch, "
+                             f"test accuracy {result.accuracy:.3f}.</p>")
+        self._render_results()
+        return result
+
+    def _on_batch(self, done: int, total: int) -> None:
+        if done == total or done % max(1, total // 50) == 0:
+            self.progress.value = done
+
+    def _render_results(self) -> None:
+        if not self.results:
+            self.table.value = "<p><i>No runs yet: press Train.</i></p>"
+            return
+        rows = [r.row() for r in self.results]
+        head = "".join(f"<th>{html_escape(k)}</th>" for k in rows[0])
+        body = "".join("<tr>" + "".join(f"<td>{html_escape(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
+        self.table.value = (f"<table class='mgpu-results-table'><thead><tr>{head}</tr></thead>"
+                            f"<tbody>{body}</tbody></table>")
+        fig = viz.new_figure(8, 2.3)
+        viz.draw_runs(self.results, (fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)))
+        fig.tight_layout()
+        self.chart.value = viz.figure_png(fig)
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.root)
+
+
+def html_escape(text: str) -> str:
+    """Escape text for an HTML widget."""
+    import html
+
+    return html.escape(text)
