@@ -7,7 +7,7 @@ FLAVOUR ?= cpu
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab test lint lessons
+.PHONY: setup lab test lint lessons chromium
 
 setup: $(STAMP)
 
@@ -22,10 +22,18 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) lessons/
 
-# Lint, unit tests, and every lesson under nbval.
-test: setup
+# Lint, unit tests, every lesson under nbval, and the browser test (needs Debian's chromium).
+test: setup chromium
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
+
+# The browser test drives Debian's chromium package (Playwright's browser downloads are not used).
+CHROMIUM ?= /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u 2>/dev/null)),,sudo -n)
+chromium:
+	@test -x $(CHROMIUM) || { echo "Installing chromium with apt for the browser test"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; } \
+		|| { echo "Could not install chromium: install it (apt-get install chromium) or set CHROMIUM=/path"; exit 1; }
 
 lint: setup
 	$(BIN)/ruff check .

@@ -240,3 +240,37 @@ def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_r
     if math.isclose(answer, base_lr / replicas, rel_tol=1e-6):
         return _report("wrong", "that divides. A bigger batch gives a less noisy gradient, so the rule multiplies.")
     return _report("wrong", f"{answer!r} is not it: rate × (global batch ÷ the batch it was tuned for).")
+
+
+def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: int) -> Feedback:
+    """Lesson 05, exercise 1: what one replica's scaled loss must be (its loss sum ÷ the global batch)."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to the loss this replica should return.")
+    if not _number(answer):
+        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    expected = loss_sum / global_batch
+    if math.isclose(answer, expected, rel_tol=1e-6):
+        return _report("correct", f"{expected:g}. Summed over the replicas by the all-reduce, these give the mean "
+                                  "over the global batch: lesson 02's fix, done by tf.nn.compute_average_loss.")
+    if math.isclose(answer, loss_sum / per_replica, rel_tol=1e-6):
+        return _report("wrong", f"that is this replica's own mean. The all-reduce *adds* the replicas' losses, so "
+                                f"{global_batch // per_replica} means would make the loss that many times too big. "
+                                "Divide by the global batch.")
+    if math.isclose(answer, loss_sum, rel_tol=1e-6):
+        return _report("wrong", "that is the sum. Divide by the global batch, so the replicas' sum is a mean.")
+    return _report("wrong", f"{answer!r} is not it: this replica's loss sum ÷ the global batch size.")
+
+
+def python_runs(answer: Any, replicas: int) -> Feedback:
+    """Lesson 05, exercise 2: how often the Python body of a replica function runs under tf.function."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a whole number.")
+    if answer == replicas:
+        return _report("correct", f"{replicas}: once per replica while tracing, then never again; the graph runs "
+                                  "the steps. Python side effects (print, list.append) happen only while tracing.")
+    if answer == 1:
+        return _report("wrong", "MirroredStrategy traces the replica function once per replica, not once in all.")
+    if answer in (100, 100 * replicas):
+        return _report("wrong", "inside tf.function the Python body runs only while tracing; later calls run the "
+                                "graph. Shapes don't change here, so there is no retracing.")
+    return _report("wrong", f"{answer!r} is not it. Think: traced once per replica, and not again for same shapes.")

@@ -22,6 +22,8 @@ LESSONS: tuple[tuple[str, str], ...] = (
     ("01_placement.ipynb", "Placing work on devices"),
     ("02_data_parallel.ipynb", "Data parallelism by hand"),
     ("03_allreduce.ipynb", "AllReduce, step by step"),
+    ("04_mirrored_fit.ipynb", "MirroredStrategy with Keras, and the replicas × batch explorer"),
+    ("05_custom_loops.ipynb", "Custom training loops with a strategy"),
 )
 
 #: Cell metadata key that marks the cells this module writes.

@@ -103,7 +103,8 @@ class ReplicaBatchExplorer:
         self.mode = w.ToggleButtons(options=[("per replica", "per_replica"), ("global", "global")],
                                     value="per_replica", description="batch is")
         self.epochs = w.IntSlider(value=epochs, min=1, max=10, description="epochs")
-        self.diagram = w.Image(format="png")
+        self.diagram = w.HTML()  # HTML, not a matplotlib PNG: it redraws in a few ms as sliders move
+        self.diagram.add_class("mgpu-split-diagram")
         self.numbers = w.HTML()
         self.train_button = w.Button(description="Train", button_style="primary", icon="play")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="progress")
@@ -137,10 +138,7 @@ class ReplicaBatchExplorer:
             self.train_button.disabled = True
             return
         self.train_button.disabled = self.busy
-        fig = viz.new_figure(5.2, 1.8)
-        fig.subplots_adjust(left=0.2, right=0.97, top=0.95, bottom=0.12)
-        viz.draw_batch_split(plan, fig.add_subplot())
-        self.diagram.value = viz.figure_png(fig, tight=False)
+        self.diagram.value = split_diagram_html(plan)
         note = " (uneven: the first replicas get one more)" if plan.uneven else ""
         self.numbers.value = (
             f"<p>{plan.replicas} replica(s) × {plan.per_replica} per replica = global batch "
@@ -214,6 +212,36 @@ class ReplicaBatchExplorer:
         from IPython.display import display
 
         display(self.root)
+
+
+def split_diagram_html(plan: Any) -> str:
+    """How one global batch splits over the replicas, and one epoch as steps, as light HTML.
+
+    The same picture as :func:`mgpu_edu.viz.draw_batch_split`, cheap enough to redraw on every
+    slider move.
+    """
+    from mgpu_edu.parallel import shard_sizes
+
+    box = "display:flex;align-items:center;justify-content:center;overflow:hidden;white-space:nowrap"
+    shares = "".join(
+        f"<div title='replica {i}: {size} examples' style='flex:{size} 0 0;background:{viz.device_color(i)};"
+        f"color:white;{box};border-right:1px solid #000'>{f'replica {i} · {size}' if size else ''}</div>"
+        for i, size in enumerate(shard_sizes(plan.global_batch, plan.replicas)))
+    shown = min(plan.steps_per_epoch, 60)
+    short = plan.last_batch < plan.global_batch and shown == plan.steps_per_epoch
+    steps = "".join(
+        "<div style='flex:1 0 0;margin-right:2px;background:#bbb'></div>" for _ in range(shown - short))
+    if short:
+        frac = plan.last_batch / plan.global_batch
+        steps += (f"<div style='flex:1 0 0;display:flex'><div style='flex:{frac:.3f} 0 0;background:#DD8452'>"
+                  f"</div><div style='flex:{1 - frac:.3f} 0 0'></div></div>")
+    more = "" if shown == plan.steps_per_epoch else f" (first {shown} drawn)"
+    return (
+        "<div style='font:11px sans-serif;width:440px'>"
+        f"<div>global batch of {plan.global_batch}, split over {plan.replicas} replica(s):</div>"
+        f"<div style='display:flex;height:30px;border:1px solid #000;margin:2px 0 8px'>{shares}</div>"
+        f"<div>one epoch = {plan.steps_per_epoch} steps{more}; last batch {plan.last_batch} examples:</div>"
+        f"<div style='display:flex;height:12px;margin-top:2px'>{steps}</div></div>")
 
 
 def html_escape(text: str) -> str:
