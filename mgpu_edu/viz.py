@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
     from mgpu_edu.devices import DeviceLayout
 
@@ -199,7 +200,7 @@ def draw_allreduce_cost(ns: list[int], series: dict[str, list[float]], ylabel: s
     return ax
 
 
-def figure_png(fig, tight: bool = True) -> bytes:  # noqa: ANN001 - a matplotlib Figure
+def figure_png(fig: Figure, tight: bool = True) -> bytes:
     """A figure as PNG bytes (what the widgets show), closing it. tight=False renders once: faster."""
     import io
 
@@ -211,7 +212,7 @@ def figure_png(fig, tight: bool = True) -> bytes:  # noqa: ANN001 - a matplotlib
     return buffer.getvalue()
 
 
-def new_figure(width: float, height: float):  # noqa: ANN201 - a matplotlib Figure
+def new_figure(width: float, height: float) -> Figure:
     """A figure outside pyplot's global state: safe to draw from a widget's training thread."""
     from matplotlib.figure import Figure
 
@@ -263,3 +264,31 @@ def draw_runs(results: list, axes: tuple) -> None:  # noqa: ANN001 - list of mir
         ax.set_xticks(range(len(results)), labels, fontsize=7)
         ax.set_xlabel("run (replicas × per-replica batch)", fontsize=8)
         ax.tick_params(labelsize=7)
+
+
+def draw_schedule(events: list, ax: Axes, unit: str = "time slot", title: str = "") -> Axes:
+    """Gantt chart of a pipeline schedule: one row per stage, forward (F) and backward (B) boxes.
+
+    Works for the ideal schedule (unit-time slots) and for measured events (seconds).
+    """
+    from matplotlib.colors import to_rgb
+
+    stages = sorted({e.stage for e in events})
+    scale = 1e3 if unit == "ms" else 1.0
+    for e in events:
+        base = to_rgb(device_color(e.micro_batch))
+        color = base if e.phase == "F" else tuple(0.55 + 0.45 * v for v in base)
+        ax.barh(e.stage, (e.end - e.start) * scale, left=e.start * scale, color=color, edgecolor="black",
+                height=0.8, linewidth=0.5)
+        width = (e.end - e.start) * scale
+        span = (max(x.end for x in events) - min(x.start for x in events)) * scale
+        if width > span / 40:
+            ax.text((e.start + (e.end - e.start) / 2) * scale, e.stage, f"{e.phase}{e.micro_batch}", ha="center",
+                    va="center", fontsize=7)
+    ax.set_yticks(stages, [f"stage {s}" for s in stages], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit, fontsize=8)
+    ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax

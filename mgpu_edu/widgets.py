@@ -249,3 +249,45 @@ def html_escape(text: str) -> str:
     import html
 
     return html.escape(text)
+
+
+class PipelineExplorer:
+    """Sliders for stages P and micro-batches M; redraws the ideal GPipe schedule and its bubble.
+
+    Example:
+        >>> PipelineExplorer(stages=4, micro_batches=4)  # doctest: +SKIP
+    """
+
+    def __init__(self, stages: int = 4, micro_batches: int = 4) -> None:
+        import ipywidgets as w
+
+        from mgpu_edu import pipeline
+
+        pipeline.bubble_fraction(stages, micro_batches)  # validates both
+        self.stages = w.IntSlider(value=stages, min=1, max=8, description="stages P")
+        self.micro_batches = w.IntSlider(value=micro_batches, min=1, max=32, description="micro-batches M")
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        self.root = w.VBox([w.HBox([self.stages, self.micro_batches]), self.info, self.image])
+        self.root.add_class("mgpu-pipeline")
+        self.stages.observe(self._draw, names="value")
+        self.micro_batches.observe(self._draw, names="value")
+        self._draw()
+
+    def _draw(self, change: Any = None) -> None:
+        from mgpu_edu import pipeline
+
+        p, m = self.stages.value, self.micro_batches.value
+        events = pipeline.gpipe_schedule(p, m)
+        fig = viz.new_figure(9, 0.35 * p + 1.0)
+        viz.draw_schedule(events, fig.add_subplot(), title=f"GPipe, P={p}, M={m}")
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)
+        bubble = pipeline.bubble_fraction(p, m)
+        self.info.value = (f"<p>bubble = (P−1)/(M+P−1) = {p - 1}/{m + p - 1} = <b>{bubble:.1%}</b> of stage-time "
+                           f"idle; a step takes {2 * (m + p - 1)} slots for {2 * m} slots of work per stage.</p>")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.root)

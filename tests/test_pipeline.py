@@ -1,0 +1,118 @@
+"""Pipeline schedules (pure arithmetic), the layer split and pipelined step, and tensor-parallel Dense."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mgpu_edu import models, pipeline
+from mgpu_edu.pipeline import bubble_fraction, gpipe_schedule, idle_fraction
+
+
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 16, 32])
+def test_gpipe_schedule_invariants(p, m):
+    events = gpipe_schedule(p, m)
+    assert len(events) == 2 * p * m
+    assert {(e.stage, e.micro_batch, e.phase) for e in events} == {
+        (s, i, ph) for s in range(p) for i in range(m) for ph in "FB"}
+    assert all(e.end - e.start == 1 for e in events)
+    at = {(e.stage, e.micro_batch, e.phase): e for e in events}
+    for s in range(p):  # one event at a time per stage
+        mine = sorted((e.start, e.end) for e in events if e.stage == s)
+        assert all(a[1] <= b[0] for a, b in zip(mine, mine[1:], strict=False))
+    for i in range(m):
+        for s in range(1, p):  # forward after the previous stage's forward
+            assert at[(s, i, "F")].start >= at[(s - 1, i, "F")].end
+        for s in range(p - 1):  # backward in reverse stage order
+            assert at[(s, i, "B")].start >= at[(s + 1, i, "B")].end
+    last_forward = max(e.end for e in events if e.phase == "F")
+    assert min(e.start for e in events if e.phase == "B") >= last_forward  # all forwards, then all backwards
+    assert max(e.end for e in events) == 2 * (m + p - 1)
+    assert idle_fraction(events) == pytest.approx(bubble_fraction(p, m))
+    assert bubble_fraction(p, m) == pytest.approx((p - 1) / (m + p - 1))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, "4", True, None])
+def test_bad_arguments(bad):
+    with pytest.raises(ValueError, match="whole number of at least 1"):
+        gpipe_schedule(bad, 4)
+    with pytest.raises(ValueError, match="whole number of at least 1"):
+        gpipe_schedule(4, bad)
+    with pytest.raises(ValueError, match="whole number of at least 1"):
+        bubble_fraction(bad, 4)
+
+
+def test_micro_batches_for_bubble():
+    assert pipeline.micro_batches_for_bubble(4, 0.10) == 28
+    assert bubble_fraction(4, 28) < 0.10 <= bubble_fraction(4, 27)
+    with pytest.raises(ValueError, match="target=1.5"):
+        pipeline.micro_batches_for_bubble(4, 1.5)
+
+
+def _data(batch=24):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    return tf.constant(rng.normal(size=(batch, 16)), tf.float32), tf.constant(rng.integers(0, 4, batch), tf.int32)
+
+
+def _reference(model, loss_fn, x, y):
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        logits = x
+        for block in model.blocks:
+            logits = block(logits, training=True)
+        loss = tf.reduce_mean(loss_fn(y, logits))
+    return float(loss), tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3, 5])
+def test_pipelined_gradients_equal_unpipelined(four_devices, micro_batches):
+    model = pipeline.StagedModel([16, 32, 32, 32, 4], four_devices, classes=4)
+    assert [d.split("device:")[-1] for _, d in model.variable_devices()[::2]] == \
+        [d.split("device:")[-1] for d in four_devices]
+    loss_fn = models.per_example_loss()
+    x, y = _data()
+    loss, reference = _reference(model, loss_fn, x, y)
+    run = pipeline.run_pipeline(model, loss_fn, x, y, micro_batches)
+    assert run.loss == pytest.approx(loss, rel=1e-5)
+    for g, r in zip(run.grads, reference, strict=True):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-4, atol=1e-6)
+    assert len(run.events) == 2 * 4 * micro_batches
+    if micro_batches == 1:  # naive layer split: never two stages at once
+        spans = sorted((e.start, e.end) for e in run.events)
+        assert all(a[1] <= b[0] + 1e-4 for a, b in zip(spans, spans[1:], strict=False))
+
+
+def test_staged_model_errors(four_devices):
+    with pytest.raises(ValueError, match="4 stages need at least 4 layers"):
+        pipeline.StagedModel([16, 8, 4], four_devices, classes=4)
+    with pytest.raises(ValueError, match="classes=3"):
+        pipeline.StagedModel([16, 8, 8, 8, 4], four_devices, classes=3)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_tensor_parallel_dense_equals_dense(four_devices, n):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(n)
+    x = tf.constant(rng.normal(size=(5, 10)), tf.float32)
+    kernel = tf.constant(rng.normal(size=(10, 7)), tf.float32)
+    bias = tf.constant(rng.normal(size=7), tf.float32)
+    expected = (x @ kernel + bias).numpy()
+    np.testing.assert_allclose(pipeline.column_parallel_dense(x, kernel, bias, four_devices[:n]).numpy(), expected,
+                               rtol=1e-5, atol=1e-5)
+    for out, device in zip(pipeline.row_parallel_dense(x, kernel, bias, four_devices[:n]), four_devices, strict=False):
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+        assert out.device.endswith(device.split("device:")[-1])
+
+
+def test_parallelism_costs():
+    rows = {r["strategy"]: r for r in pipeline.parallelism_costs([64, 128, 10], batch=32, devices=2)}
+    params = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    assert rows["data"]["bytes_per_step"] == pytest.approx(2 * 1 / 2 * params)
+    assert rows["layer split"]["bytes_per_step"] == 2 * 32 * 128 * 4
+    assert rows["tensor"]["memory_per_device"] == pytest.approx((params + 32 * (128 + 10) * 4) / 2)
+    assert rows["layer split"]["idle_fraction"] == 0.5 and rows["data"]["idle_fraction"] == 0
