@@ -274,3 +274,41 @@ def python_runs(answer: Any, replicas: int) -> Feedback:
         return _report("wrong", "inside tf.function the Python body runs only while tracing; later calls run the "
                                 "graph. Shapes don't change here, so there is no retracing.")
     return _report("wrong", f"{answer!r} is not it. Think: traced once per replica, and not again for same shapes.")
+
+
+def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
+    """Lesson 06, exercise 1: the fewest micro-batches that keep a P-stage bubble under target."""
+    from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
+
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a whole number of micro-batches.")
+    if isinstance(answer, bool) or not isinstance(answer, int) or answer < 1:
+        return _report("wrong", f"expected a whole number of micro-batches, got {answer!r}.")
+    expected = micro_batches_for_bubble(stages, target)
+    if answer == expected:
+        return _report("correct", f"M = {expected}: bubble {bubble_fraction(stages, expected):.1%}. More micro-batches "
+                                  "shrink the bubble, but each is smaller, so a device does less per launch.")
+    if bubble_fraction(stages, answer) == target:
+        return _report("wrong", f"M = {answer} gives exactly {target:.0%}: you need *under* it. One more.")
+    if answer > expected:
+        return _report("wrong", f"M = {answer} works, but it isn't the fewest: try smaller M while "
+                                f"(P−1)/(M+P−1) stays under {target:.0%}.")
+    return _report("wrong", f"M = {answer} leaves a bubble of {bubble_fraction(stages, answer):.1%}. "
+                            f"Solve (P−1)/(M+P−1) < {target} for M.")
+
+
+def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedback:
+    """Lesson 06, exercise 2: kernel parameters per device when a Dense kernel is split by columns."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a number of parameters.")
+    if not _number(answer):
+        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    expected = inputs * outputs // devices
+    if answer == expected:
+        return _report("correct", f"{expected:,} per device: tensor parallelism divides a layer's memory, which "
+                                  "is why it is used for layers too big for one device.")
+    if answer == inputs * outputs:
+        return _report("wrong", "that is the whole kernel. Each device keeps only its share of the columns.")
+    if answer in (outputs // devices, inputs // devices):
+        return _report("wrong", "that counts columns (or rows), not parameters: each column has one weight per input.")
+    return _report("wrong", f"{answer!r} is not it: (inputs × outputs) ÷ devices.")

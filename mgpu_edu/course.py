@@ -24,6 +24,7 @@ LESSONS: tuple[tuple[str, str], ...] = (
     ("03_allreduce.ipynb", "AllReduce, step by step"),
     ("04_mirrored_fit.ipynb", "MirroredStrategy with Keras, and the replicas × batch explorer"),
     ("05_custom_loops.ipynb", "Custom training loops with a strategy"),
+    ("06_model_parallel.ipynb", "Model, pipeline and tensor parallelism"),
 )
 
 #: Cell metadata key that marks the cells this module writes.

@@ -70,3 +70,46 @@ def test_combine_function_dividing_by_an_empty_tower():
         return sum(sums) / sum(counts) if 0 not in counts else sums[-1] / counts[-1]
 
     assert "empty tower" in check.combine_function(guarded_first).message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (28, "correct", "bubble 9.7%"), (27, "wrong", "exactly 10%"), (40, "wrong", "isn't the fewest"),
+    (8, "wrong", "leaves a bubble of 27.3%"), (0, "wrong", "whole number"), (None, "unsolved", "micro-batches")])
+def test_micro_batches(answer, status_, hint):
+    feedback = check.micro_batches(answer, stages=4, target=0.10)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_"), [(1_048_576, "correct"), (4_194_304, "wrong"), (1024, "wrong"),
+                                                 ("x", "wrong"), (None, "unsolved")])
+def test_kernel_shard(answer, status_):
+    assert check.kernel_shard(answer, inputs=1024, outputs=4096, devices=4).status == status_
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (30, "correct", "88 examples"), (29, "wrong", "short last batch"), (118, "wrong", "per-replica batch"),
+    (None, "unsolved", "whole number")])
+def test_steps_per_epoch(answer, status_, hint):
+    feedback = check.steps_per_epoch(answer, examples=5656, per_replica=48, replicas=4)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (0.04, "correct", "grew 4×"), (0.01, "wrong", "keeps the rate"), (0.0025, "wrong", "divides"),
+    ("0.04", "wrong", "expected a number")])
+def test_scaled_lr(answer, status_, hint):
+    feedback = check.scaled_lr(answer, base_lr=0.01, base_batch=32, replicas=4, per_replica=32)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (0.125, "correct", "compute_average_loss"), (0.5, "wrong", "own mean"), (8.0, "wrong", "the sum")])
+def test_replica_loss(answer, status_, hint):
+    feedback = check.replica_loss(answer, loss_sum=8.0, per_replica=16, global_batch=64)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_"), [(8, "correct"), (1, "wrong"), (100, "wrong"), (800, "wrong"),
+                                                 (None, "unsolved")])
+def test_python_runs(answer, status_):
+    assert check.python_runs(answer, replicas=8).status == status_
