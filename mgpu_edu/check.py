@@ -312,3 +312,39 @@ def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedba
     if answer in (outputs // devices, inputs // devices):
         return _report("wrong", "that counts columns (or rows), not parameters: each column has one weight per input.")
     return _report("wrong", f"{answer!r} is not it: (inputs × outputs) ÷ devices.")
+
+
+def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: float,
+                      bytes_per_param: int = 4) -> Feedback:
+    """Lesson 07, exercise 1: seconds for a ring all-reduce of a model's gradients, latency ignored."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a number of seconds.")
+    if not _number(answer):
+        return _report("wrong", f"expected a number of seconds, got {type(answer).__name__} {answer!r}.")
+    size = params * bytes_per_param
+    expected = 2 * (replicas - 1) / replicas * size / (gbytes_per_s * 1e9)
+    if math.isclose(answer, expected, rel_tol=1e-3):
+        return _report("correct", f"{expected * 1e3:.0f} ms per step. Compare it with the step's compute time: "
+                                  "that ratio decides the scaling efficiency.")
+    if math.isclose(answer, expected / bytes_per_param, rel_tol=1e-3):
+        return _report("wrong", f"that counts parameters, not bytes: each float32 gradient is {bytes_per_param} bytes.")
+    if math.isclose(answer, size / (gbytes_per_s * 1e9), rel_tol=1e-3):
+        return _report("wrong", "that sends the tensor once. The ring sends 2(N−1)/N of it per device.")
+    return _report("wrong", f"{answer!r} is not it: 2(N−1)/N × params × bytes ÷ bandwidth.")
+
+
+def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -> Feedback:
+    """Lesson 07, exercise 2: speed-up of N replicas when each step adds comm_s to compute_s (no overlap)."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to the speed-up (a number like 2.5).")
+    if not _number(answer):
+        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    expected = compute_s * replicas / (compute_s + comm_s)
+    if math.isclose(answer, expected, rel_tol=1e-3):
+        return _report("correct", f"{expected:g}×, an efficiency of {expected / replicas:.0%}: the all-reduce "
+                                  "costs what the replicas would otherwise gain.")
+    if math.isclose(answer, replicas, rel_tol=1e-3):
+        return _report("wrong", "that is the ideal. Each step also waits for the all-reduce.")
+    if math.isclose(answer, compute_s / (compute_s + comm_s), rel_tol=1e-3):
+        return _report("wrong", "that is the efficiency. Multiply by the number of replicas for the speed-up.")
+    return _report("wrong", f"{answer!r} is not it: N replicas process N batches in (compute + comm) seconds.")

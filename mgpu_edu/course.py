@@ -25,6 +25,7 @@ LESSONS: tuple[tuple[str, str], ...] = (
     ("04_mirrored_fit.ipynb", "MirroredStrategy with Keras, and the replicas × batch explorer"),
     ("05_custom_loops.ipynb", "Custom training loops with a strategy"),
     ("06_model_parallel.ipynb", "Model, pipeline and tensor parallelism"),
+    ("07_performance.ipynb", "Making it fast, and a model of scaling"),
 )
 
 #: Cell metadata key that marks the cells this module writes.

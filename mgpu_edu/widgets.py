@@ -291,3 +291,85 @@ class PipelineExplorer:
         from IPython.display import display
 
         display(self.root)
+
+
+class ScalingSimulator:
+    """The scaling model (:mod:`mgpu_edu.costmodel`) with controls: model size, batch, device, link, algorithm.
+
+    Shows each step's compute and all-reduce time for 1 … N replicas, and the scaling
+    efficiency. Pure arithmetic: it runs instantly, with or without a GPU.
+
+    Example:
+        >>> ScalingSimulator()  # doctest: +SKIP
+    """
+
+    def __init__(self, params_millions: float = 25.6, gflops_per_example: float = 12.3, batch: int = 64,
+                 device: str = "T4", link: str = "PCIe 3", max_replicas: int = 16) -> None:
+        import ipywidgets as w
+
+        from mgpu_edu import allreduce, costmodel
+
+        style = {"description_width": "150px"}
+        self.params = w.FloatLogSlider(value=params_millions, base=10, min=-1, max=4, description="params (M)",
+                                       style=style)
+        self.flops = w.FloatLogSlider(value=gflops_per_example, base=10, min=-2, max=3,
+                                      description="GFLOPs / example", style=style)
+        self.batch = w.IntSlider(value=batch, min=1, max=1024, description="batch per replica", style=style)
+        self.device = w.Dropdown(options=list(costmodel.DEVICES), value=device, description="device", style=style)
+        self.precision = w.ToggleButtons(options=["fp32", "mixed"], value="fp32", description="precision",
+                                         style=style)
+        self.link = w.Dropdown(options=list(costmodel.LINKS), value=link, description="link", style=style)
+        self.algorithm = w.Dropdown(options=list(allreduce.ALGORITHMS), value="ring", description="all-reduce",
+                                    style=style)
+        self.overlap = w.FloatSlider(value=0.0, min=0, max=1, step=0.05, description="overlap", style=style)
+        self.max_replicas = w.IntSlider(value=max_replicas, min=2, max=64, description="replicas up to", style=style)
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        controls = [self.params, self.flops, self.batch, self.device, self.precision, self.link, self.algorithm,
+                    self.overlap, self.max_replicas]
+        self.root = w.VBox([w.HBox([w.VBox(controls[:5]), w.VBox(controls[5:])]), self.info, self.image])
+        self.root.add_class("mgpu-scaling")
+        for control in controls:
+            control.observe(self._draw, names="value")
+        self._draw()
+
+    def options(self) -> dict[str, Any]:
+        """The current controls as costmodel keyword arguments."""
+        from mgpu_edu import costmodel
+
+        return {"device_tflops": costmodel.DEVICES[self.device.value][self.precision.value],
+                "link_gbytes_per_s": costmodel.LINKS[self.link.value], "algorithm": self.algorithm.value,
+                "overlap": self.overlap.value, "bytes_per_param": 4 if self.precision.value == "fp32" else 2}
+
+    def _draw(self, change: Any = None) -> None:
+        from mgpu_edu import costmodel
+
+        params, flops = self.params.value * 1e6, self.flops.value * 1e9
+        options = self.options()
+        ns = list(range(1, self.max_replicas.value + 1))
+        steps = [costmodel.step_time(params, flops, self.batch.value, n, **options) for n in ns]
+        curve = costmodel.scaling(params, flops, self.batch.value, ns[-1], **options)
+        fig = viz.new_figure(10, 3)
+        bars, line = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+        bars.bar(ns, [s.compute_s * 1e3 for s in steps], color=viz.device_color(0), label="compute")
+        bars.bar(ns, [(s.comm_s - s.hidden_s) * 1e3 for s in steps], bottom=[s.compute_s * 1e3 for s in steps],
+                 color=viz.device_color(3), label="all-reduce (not hidden)")
+        bars.set_xlabel("replicas", fontsize=8)
+        bars.set_ylabel("ms per step", fontsize=8)
+        bars.legend(fontsize=7)
+        line.plot(ns, curve["efficiency"], marker="o", markersize=3, color=viz.device_color(2))
+        line.set_ylim(0, 1.05)
+        line.set_xlabel("replicas", fontsize=8)
+        line.set_ylabel("scaling efficiency", fontsize=8)
+        line.grid(alpha=0.3)
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)
+        last = steps[-1]
+        self.info.value = (f"<p>{ns[-1]} replicas: compute {last.compute_s * 1e3:.1f} ms + all-reduce "
+                           f"{last.comm_s * 1e3:.1f} ms ({last.hidden_s * 1e3:.1f} ms hidden) per step → speed-up "
+                           f"<b>{curve['speedup'][-1]:.1f}×</b>, efficiency <b>{curve['efficiency'][-1]:.0%}</b>.</p>")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.root)

@@ -1,0 +1,105 @@
+"""An analytic model of one synchronous data-parallel training step, and how it scales.
+
+step time = compute + all-reduce − the part of the all-reduce hidden behind compute:
+
+- compute: FLOPs per example × per-replica batch ÷ the device's sustained FLOP/s;
+- all-reduce: the chosen algorithm's bytes over the link, plus a latency per message
+  (lesson 03's α + β·bytes model, :func:`mgpu_edu.allreduce.alpha_beta_time`);
+- overlap: the fraction of the all-reduce that runs while the backward pass still computes.
+
+It leaves out the input pipeline, stragglers, framework overhead and memory limits: real runs
+are slower. Pure arithmetic: no TensorFlow, no GPU needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mgpu_edu.allreduce import ALGORITHMS, alpha_beta_time
+
+#: Approximate sustained dense throughput, TFLOP/s (fp32 / fp16-or-bf16 tensor cores). Peak
+#: datasheet numbers; real training reaches a fraction of them.
+DEVICES: dict[str, dict[str, float]] = {
+    "T4": {"fp32": 8.1, "mixed": 65.0},
+    "A100": {"fp32": 19.5, "mixed": 312.0},
+    "H100": {"fp32": 67.0, "mixed": 989.0},
+}
+#: Approximate one-direction bandwidth between two devices, GB/s.
+LINKS: dict[str, float] = {"PCIe 3": 12.0, "PCIe 4": 25.0, "NVLink": 300.0, "Ethernet 10G": 1.25}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """Seconds for one training step, and where they go."""
+
+    compute_s: float
+    comm_s: float
+    hidden_s: float
+    total_s: float
+    replicas: int
+
+
+def _positive(name: str, value: Any, whole: bool = False) -> None:
+    kinds = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+        kind = "a whole number ≥ 1" if whole else "a positive number"
+        raise ValueError(f"{name}={value!r} must be {kind}.")
+
+
+def step_time(params: float, flops_per_example: float, batch_per_replica: int, replicas: int,
+              device_tflops: float, link_gbytes_per_s: float, algorithm: str = "ring", latency_s: float = 1e-5,
+              bytes_per_param: float = 4, overlap: float = 0.0) -> StepTime:
+    """Model one synchronous data-parallel step; returns compute_s, comm_s and total_s.
+
+    ``flops_per_example`` counts the whole training step for one example (forward and
+    backward, about 3× the forward FLOPs). One replica communicates nothing.
+
+    Example:
+        >>> t = step_time(25.6e6, 12.3e9, 64, 2, device_tflops=8.1, link_gbytes_per_s=12)
+        >>> round(t.compute_s, 3), round(t.comm_s, 4)
+        (0.097, 0.0086)
+    """
+    for name, value in (("params", params), ("flops_per_example", flops_per_example),
+                        ("device_tflops", device_tflops), ("link_gbytes_per_s", link_gbytes_per_s),
+                        ("bytes_per_param", bytes_per_param)):
+        _positive(name, value)
+    _positive("batch_per_replica", batch_per_replica, whole=True)
+    _positive("replicas", replicas, whole=True)
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
+    if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)) or latency_s < 0:
+        raise ValueError(f"latency_s={latency_s!r} must be a number ≥ 0 (seconds per message, e.g. 1e-5).")
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
+        raise ValueError(f"overlap={overlap!r} must be a fraction from 0 (none) to 1 (all hidden).")
+    compute = flops_per_example * batch_per_replica / (device_tflops * 1e12)
+    comm = alpha_beta_time(algorithm, replicas, params * bytes_per_param, alpha_s=latency_s,
+                           beta_s_per_byte=1 / (link_gbytes_per_s * 1e9))
+    hidden = overlap * min(comm, compute)
+    return StepTime(compute, comm, hidden, compute + comm - hidden, replicas)
+
+
+def speedup(params: float, flops_per_example: float, batch_per_replica: int, replicas: int, device_tflops: float,
+            link_gbytes_per_s: float, algorithm: str = "ring", latency_s: float = 1e-5, bytes_per_param: float = 4,
+            overlap: float = 0.0) -> float:
+    """Throughput of ``replicas`` over one, at a fixed per-replica batch: t(1) × N ÷ t(N).
+
+    Example:
+        >>> round(speedup(25.6e6, 12.3e9, 64, 2, device_tflops=8.1, link_gbytes_per_s=12), 2)
+        1.84
+    """
+    args = (params, flops_per_example, batch_per_replica)
+    options = {"device_tflops": device_tflops, "link_gbytes_per_s": link_gbytes_per_s, "algorithm": algorithm,
+               "latency_s": latency_s, "bytes_per_param": bytes_per_param, "overlap": overlap}
+    one = step_time(*args, 1, **options).total_s
+    many = step_time(*args, replicas, **options).total_s
+    return one * replicas / many
+
+
+def scaling(params: float, flops_per_example: float, batch_per_replica: int, max_replicas: int,
+            **options: Any) -> dict[str, list[float]]:
+    """Speed-up and efficiency (speed-up ÷ N) for N = 1 … max_replicas."""
+    _positive("max_replicas", max_replicas, whole=True)
+    ns = list(range(1, max_replicas + 1))
+    s = [speedup(params, flops_per_example, batch_per_replica, n, **options) for n in ns]
+    return {"replicas": ns, "speedup": s, "efficiency": [v / n for v, n in zip(s, ns, strict=True)]}

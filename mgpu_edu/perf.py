@@ -1,0 +1,80 @@
+"""Measuring what makes training slow: input pipelines, batch size, precision.
+
+Small, honest timers for lesson 07. They time real TensorFlow work on whatever devices exist;
+on logical CPUs every measurement shares the same cores.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from mgpu_edu import quiet
+
+
+def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
+    """A tf.data pipeline whose every batch costs ``delay_s`` of "decoding" (a sleep), done on demand.
+
+    It stands in for reading and decoding images from disk: the device waits for each batch.
+    """
+    tf = quiet.import_tensorflow()
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or delay_s < 0:
+        raise ValueError(f"delay_s={delay_s!r} must be a number of seconds ≥ 0.")
+
+    def decode(features: Any, labels: Any) -> tuple[Any, Any]:
+        def work(f: Any) -> Any:
+            time.sleep(delay_s)
+            return f
+
+        features = tf.py_function(work, [features], tf.float32)
+        features.set_shape([None, x.shape[1]])
+        return features, labels
+
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).map(decode)
+
+
+def fast_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
+    """The same pipeline with ``cache()`` after the expensive map and ``prefetch(AUTOTUNE)`` at the end.
+
+    Epoch 1 still decodes every batch, but while the device trains on the previous one;
+    from epoch 2 on, batches come from memory.
+    """
+    tf = quiet.import_tensorflow()
+    return slow_pipeline(x, y, batch, delay_s).cache().prefetch(tf.data.AUTOTUNE)
+
+
+class StepTiming(NamedTuple):
+    """One training step: seconds spent waiting for the batch, then computing on it."""
+
+    wait_s: float
+    compute_s: float
+
+
+def time_epochs(train_step: Callable[[Any, Any], Any], dataset: Any, epochs: int = 2) -> list[list[StepTiming]]:
+    """Run ``train_step(x, y)`` over the dataset for some epochs; time each wait and each step."""
+    timings = []
+    for _ in range(epochs):
+        epoch = []
+        iterator = iter(dataset)
+        while True:
+            start = time.perf_counter()
+            try:
+                x, y = next(iterator)
+            except StopIteration:
+                break
+            got = time.perf_counter()
+            float(train_step(x, y))  # wait for the result, so compute time is real
+            epoch.append(StepTiming(got - start, time.perf_counter() - got))
+        timings.append(epoch)
+    return timings
+
+
+def throughput(train_step: Callable[[Any, Any], Any], x: Any, y: Any, steps: int = 10) -> float:
+    """Examples per second of ``train_step`` on one batch (x, y), after one warm-up step."""
+    float(train_step(x, y))
+    start = time.perf_counter()
+    for _ in range(steps):
+        loss = train_step(x, y)
+    float(loss)
+    return steps * int(x.shape[0]) / (time.perf_counter() - start)
