@@ -348,3 +348,29 @@ def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -
     if math.isclose(answer, compute_s / (compute_s + comm_s), rel_tol=1e-3):
         return _report("wrong", "that is the efficiency. Multiply by the number of replicas for the speed-up.")
     return _report("wrong", f"{answer!r} is not it: N replicas process N batches in (compute + comm) seconds.")
+
+
+def global_batch_workers(answer: Any, workers: int, per_worker: int) -> Feedback:
+    """Lesson 08, exercise 1: the global batch of a multi-worker job."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a whole number of examples.")
+    expected = workers * per_worker
+    if answer == expected:
+        return _report("correct", f"{expected}: MultiWorkerMirroredStrategy adds up replicas across machines "
+                                  "exactly as MirroredStrategy does across the GPUs of one.")
+    if answer == per_worker:
+        return _report("wrong", "that is one worker's share. The global batch counts every worker's.")
+    return _report("wrong", f"{answer!r} is not it: workers × per-worker batch.")
+
+
+def staleness(answer: Any, workers: int) -> Feedback:
+    """Lesson 08, exercise 2: how stale a gradient typically is with N asynchronous workers."""
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a whole number of updates.")
+    expected = workers - 1
+    if answer == expected:
+        return _report("correct", f"{expected}: while one worker computes, the other {expected} each apply an update. "
+                                  "More workers, staler gradients: one reason to lower the learning rate.")
+    if answer == workers:
+        return _report("wrong", "a worker's own update isn't in between: count only the others.")
+    return _report("wrong", f"{answer!r} is not it: the other workers' updates land while one worker computes.")

@@ -26,6 +26,7 @@ LESSONS: tuple[tuple[str, str], ...] = (
     ("05_custom_loops.ipynb", "Custom training loops with a strategy"),
     ("06_model_parallel.ipynb", "Model, pipeline and tensor parallelism"),
     ("07_performance.ipynb", "Making it fast, and a model of scaling"),
+    ("08_multi_worker.ipynb", "Beyond one machine: multi-worker and parameter servers"),
 )
 
 #: Cell metadata key that marks the cells this module writes.

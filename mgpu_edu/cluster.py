@@ -1,0 +1,221 @@
+"""A tiny cluster of worker processes on this machine, for multi-worker lessons and tests.
+
+:class:`LocalCluster` starts N copies of a script, each with its own ``TF_CONFIG`` naming
+127.0.0.1 addresses on free ports, collects their logs, and guarantees cleanup:
+
+- a worker that dies makes :meth:`LocalCluster.wait` raise :class:`WorkerFailed` with its
+  log, instead of leaving the others hanging; every wait has a time limit;
+- leaving the ``with`` block in any way (an error, an interrupted cell) kills every worker;
+- on Linux each worker is also told to die with the process that started it, so even a
+  killed kernel leaves no orphans.
+
+TensorFlow's gRPC server listens on every interface of the port it is given (its ServerDef
+has no bind-address setting); the cluster only ever *addresses* 127.0.0.1, and the ports are
+chosen free on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+#: Log lines that mean a worker could not get its port (then the cluster retries with others).
+PORT_ERRORS = ("Address already in use", "Could not start gRPC server", "Failed to add port")
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process exited with an error; the message includes the end of its log."""
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports that are free on 127.0.0.1 right now (held open together, so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def port_is_free(port: int) -> bool:
+    """True if nothing listens on this port of 127.0.0.1 (or any interface)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
+    """The TF_CONFIG a process needs: the whole cluster, and which task this process is.
+
+    Example:
+        >>> json.loads(tf_config({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 1))["task"]
+        {'type': 'worker', 'index': 1}
+    """
+    if task_type not in cluster or not 0 <= index < len(cluster[task_type]):
+        raise ValueError(f"task {task_type}:{index} is not in the cluster {cluster}.")
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
+def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setpgrp()
+
+
+class LocalCluster:
+    """N worker processes on 127.0.0.1, each running ``script`` with its own TF_CONFIG.
+
+    Use it as a context manager; :meth:`wait` returns each worker's log once all exit 0.
+
+    Example:
+        >>> with LocalCluster("examples/multi_worker_train.py", workers=2) as c:  # doctest: +SKIP
+        ...     logs = c.wait(timeout=120)
+    """
+
+    def __init__(self, script: str | Path, workers: int = 2, args: Sequence[str] = (),
+                 ports: Sequence[int] | None = None, env: dict[str, str] | None = None, attempts: int = 3) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 8:
+            raise ValueError(f"workers={workers!r}: use 1 to 8 worker processes on one machine.")
+        self.script, self.workers, self.args = Path(script), workers, list(args)
+        if not self.script.exists():
+            raise FileNotFoundError(f"worker script {self.script} not found; pass the path of a Python file.")
+        self.requested_ports = list(ports) if ports is not None else None
+        self.env, self.attempts = dict(env or {}), attempts
+        self.log_dir = Path(tempfile.mkdtemp(prefix="mgpu-cluster-"))
+        self.processes: list[subprocess.Popen] = []
+        self.addresses: list[str] = []
+        self.retries = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _pick_ports(self) -> list[int]:
+        if self.requested_ports and self.retries == 0:
+            ports = list(self.requested_ports)
+            busy = [p for p in ports if not port_is_free(p)]
+            if busy:  # a busy port is swapped for a free one
+                spare = iter(free_ports(len(busy)))
+                ports = [next(spare) if p in busy else p for p in ports]
+                self.retries += 1
+            return ports
+        return free_ports(self.workers)
+
+    def start(self) -> None:
+        """Start the workers (retrying with new ports if one can't bind)."""
+        for _ in range(self.attempts):
+            ports = self._pick_ports()
+            self.addresses = [f"127.0.0.1:{p}" for p in ports]
+            self._launch()
+            if not self._port_failure(within=3.0):
+                return
+            self.stop()
+            self.retries += 1
+        raise WorkerFailed(f"could not start {self.workers} workers after {self.attempts} tries: ports were busy.")
+
+    def _launch(self) -> None:
+        cluster = {"worker": self.addresses}
+        self.processes = []
+        for index in range(self.workers):
+            env = {**os.environ, **self.env, "TF_CONFIG": tf_config(cluster, "worker", index),
+                   "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"}
+            log = (self.log_dir / f"worker{index}.log").open("w")
+            self.processes.append(subprocess.Popen(
+                [sys.executable, str(self.script), *self.args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                start_new_session=not sys.platform.startswith("linux")))
+
+    def _port_failure(self, within: float) -> bool:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            for index, process in enumerate(self.processes):
+                if process.poll() not in (None, 0) and any(e in self.log(index) for e in PORT_ERRORS):
+                    return True
+            if all(p.poll() is not None for p in self.processes):
+                return False
+            time.sleep(0.1)
+        return False
+
+    def log(self, index: int) -> str:
+        """Everything worker ``index`` has printed so far."""
+        path = self.log_dir / f"worker{index}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait(self, timeout: float = 120) -> list[str]:
+        """Wait for every worker to finish; return their logs. Raises on a failure or a timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in self.processes]
+            for index, code in enumerate(codes):
+                if code not in (None, 0):
+                    self.stop()
+                    tail = "\n".join(self.log(index).splitlines()[-15:])
+                    raise WorkerFailed(f"worker {index} exited with code {code}; the others were stopped. "
+                                       f"Its last lines:\n{tail}")
+            if all(code == 0 for code in codes):
+                return [self.log(i) for i in range(self.workers)]
+            time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"the {self.workers} workers did not finish within {timeout:.0f} s and were stopped. "
+                           f"Logs are in {self.log_dir}.")
+
+    def stop(self) -> None:
+        """Kill every worker that is still running (safe to call twice)."""
+        for process in self.processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    process.kill()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        return [p.pid for p in self.processes]
+
+
+def stale_sgd(staleness: int, steps: int = 60, learning_rate: float = 0.3, curvature: float = 1.0) -> list[float]:
+    """Gradient descent on f(w) = curvature · w² / 2 when each gradient is ``staleness`` steps old.
+
+    Asynchronous workers apply gradients computed from weights that others have since
+    changed; this is the simplest picture of it. Returns |w| after each step, from w = 1.
+
+    Example:
+        >>> round(stale_sgd(0, steps=3)[-1], 3)
+        0.343
+    """
+    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
+        raise ValueError(f"staleness={staleness!r} must be a whole number of steps ≥ 0.")
+    history = [1.0]
+    for _ in range(steps):
+        old = history[max(0, len(history) - 1 - staleness)]
+        history.append(history[-1] - learning_rate * curvature * old)
+    return [abs(w) for w in history[1:]]

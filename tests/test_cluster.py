@@ -1,0 +1,115 @@
+"""LocalCluster reliability: dead workers, time limits, busy ports, and no orphan processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mgpu_edu import cluster
+
+SLEEPER = Path(__file__).parent / "workers" / "sleeper.py"
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_tf_config_and_addresses():
+    config = json.loads(cluster.tf_config({"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker", 0))
+    assert config == {"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    with pytest.raises(ValueError, match="worker:2 is not in the cluster"):
+        cluster.tf_config({"worker": ["a:1"]}, "worker", 2)
+    ports = cluster.free_ports(3)
+    assert len(set(ports)) == 3 and all(cluster.port_is_free(p) for p in ports)
+
+
+def test_workers_finish_and_logs_come_back():
+    with cluster.LocalCluster(SLEEPER, workers=3, args=["done"]) as job:
+        logs = job.wait(timeout=30)
+        assert all(a.startswith("127.0.0.1:") for a in job.addresses)
+    assert [log.split()[1] for log in logs] == ["0", "1", "2"]
+
+
+def test_dead_worker_is_a_clear_error_not_a_hang():
+    start = time.monotonic()
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["fail"]) as job:
+        with pytest.raises(cluster.WorkerFailed, match=r"worker 1 exited with code 3(.|\n)*on purpose"):
+            job.wait(timeout=60)
+        pids = job.pids
+    assert time.monotonic() - start < 30
+    assert not any(alive(pid) for pid in pids)  # the healthy worker was stopped too
+
+
+def test_time_limit_stops_everyone():
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "300"]) as job:
+        with pytest.raises(TimeoutError, match="did not finish within 2 s"):
+            job.wait(timeout=2)
+        pids = job.pids
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_error_inside_the_block_kills_workers():
+    with pytest.raises(KeyboardInterrupt):
+        with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "300"]) as job:
+            pids = job.pids
+            raise KeyboardInterrupt  # what interrupting a notebook cell does
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_busy_port_is_swapped_for_a_free_one():
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    busy = holder.getsockname()[1]
+    try:
+        with cluster.LocalCluster(SLEEPER, workers=2, args=["done"], ports=[busy, cluster.free_ports(1)[0]]) as job:
+            job.wait(timeout=30)
+            assert f"127.0.0.1:{busy}" not in job.addresses and job.retries == 1
+    finally:
+        holder.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="orphan cleanup on kill uses Linux's PDEATHSIG")
+def test_killing_the_run_midway_leaves_no_worker(tmp_path):
+    """A run (like a notebook kernel) is killed outright while its workers run: none may remain."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(cluster.__file__).parents[1])!r})
+        from mgpu_edu import cluster
+        job = cluster.LocalCluster({str(SLEEPER)!r}, workers=3, args=["sleep", "300"])
+        job.start()
+        print(" ".join(map(str, job.pids)), flush=True)
+        time.sleep(300)
+    """))
+    run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in run.stdout.readline().split()]
+    assert len(pids) == 3 and all(alive(pid) for pid in pids)
+    os.kill(run.pid, signal.SIGKILL)  # no cleanup code in the run gets to execute
+    run.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="workers=0"):
+        cluster.LocalCluster(SLEEPER, workers=0)
+    with pytest.raises(FileNotFoundError, match="nope.py"):
+        cluster.LocalCluster("nope.py")
+    with pytest.raises(ValueError, match="staleness=-1"):
+        cluster.stale_sgd(-1)
