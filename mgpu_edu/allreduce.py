@@ -67,23 +67,26 @@ class Trace:
         """Size S of one device's tensor, in bytes."""
         return sum(self.chunk_bytes)
 
+    def _bytes_by(self, side: str, steps: int | None = None) -> list[int]:
+        totals = [0] * self.n
+        for step in self.steps[:steps]:
+            for send in step.sends:
+                totals[getattr(send, side)] += send.nbytes
+        return totals
+
     @property
     def bytes_sent(self) -> list[int]:
         """Bytes each device sent in total."""
-        sent = [0] * self.n
-        for step in self.steps:
-            for send in step.sends:
-                sent[send.src] += send.nbytes
-        return sent
+        return self._bytes_by("src")
 
     @property
     def bytes_received(self) -> list[int]:
         """Bytes each device received in total."""
-        received = [0] * self.n
-        for step in self.steps:
-            for send in step.sends:
-                received[send.dst] += send.nbytes
-        return received
+        return self._bytes_by("dst")
+
+    def bytes_sent_until(self, k: int) -> list[int]:
+        """Bytes each device had sent after the first k steps."""
+        return self._bytes_by("src", k)
 
     def state_at(self, k: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
         """Chunk states after step k (k=0: before any step)."""

@@ -85,6 +85,15 @@ def _number(answer: Any) -> bool:
     return not isinstance(answer, bool) and isinstance(answer, (int, float))
 
 
+def _numeric(answer: Any, unsolved_hint: str, what: str = "a number") -> Feedback | None:
+    """Feedback for an unsolved or non-numeric answer; None when the answer is a number to check."""
+    if _unsolved(answer):
+        return _report("unsolved", unsolved_hint)
+    if not _number(answer):
+        return _report("wrong", f"expected {what}, got {type(answer).__name__} {answer!r}.")
+    return None
+
+
 def device_names(answer: Any, expected: list[str]) -> Feedback:
     """Lesson 01, exercise 1: the names to hand ``tf.device`` for the first logical devices."""
     if _unsolved(answer):
@@ -106,10 +115,9 @@ def device_names(answer: Any, expected: list[str]) -> Feedback:
 
 def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int = 4) -> Feedback:
     """Lesson 01, exercise 2: bytes copied when `readers` devices read one variable kept on one of them."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a number of bytes.")
-    if not _number(answer):
-        return _report("wrong", f"expected a number of bytes, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
     size = elements * itemsize
     expected = (readers - 1) * size
     if answer == expected:
@@ -176,10 +184,9 @@ def combine_function(fn: Any) -> Feedback:
 
 def ring_bytes(answer: Any, n: int, nbytes: int) -> Feedback:
     """Lesson 03, exercise 1: bytes each device sends in a ring all-reduce of nbytes over n devices."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a number of bytes.")
-    if not _number(answer):
-        return _report("wrong", f"expected a number of bytes, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
     expected = 2 * (n - 1) * nbytes / n
     if abs(answer - expected) < 0.5:
         return _report("correct", f"{expected:,.0f} bytes, under 2·S however many devices join: why the ring "
@@ -226,10 +233,9 @@ def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int)
 
 def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_replica: int) -> Feedback:
     """Lesson 04, exercise 2: the learning rate after the linear scaling rule."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a learning rate.")
-    if not _number(answer):
-        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to a learning rate.", "a number")
+    if early is not None:
+        return early
     expected = base_lr * per_replica * replicas / base_batch
     if math.isclose(answer, expected, rel_tol=1e-6):
         return _report("correct", f"{expected:g}: the global batch grew {per_replica * replicas / base_batch:g}×, "
@@ -244,10 +250,9 @@ def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_r
 
 def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: int) -> Feedback:
     """Lesson 05, exercise 1: what one replica's scaled loss must be (its loss sum ÷ the global batch)."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to the loss this replica should return.")
-    if not _number(answer):
-        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to the loss this replica should return.", "a number")
+    if early is not None:
+        return early
     expected = loss_sum / global_batch
     if math.isclose(answer, expected, rel_tol=1e-6):
         return _report("correct", f"{expected:g}. Summed over the replicas by the all-reduce, these give the mean "
@@ -299,10 +304,9 @@ def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
 
 def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedback:
     """Lesson 06, exercise 2: kernel parameters per device when a Dense kernel is split by columns."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a number of parameters.")
-    if not _number(answer):
-        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to a number of parameters.", "a number")
+    if early is not None:
+        return early
     expected = inputs * outputs // devices
     if answer == expected:
         return _report("correct", f"{expected:,} per device: tensor parallelism divides a layer's memory, which "
@@ -317,10 +321,9 @@ def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedba
 def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: float,
                       bytes_per_param: int = 4) -> Feedback:
     """Lesson 07, exercise 1: seconds for a ring all-reduce of a model's gradients, latency ignored."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a number of seconds.")
-    if not _number(answer):
-        return _report("wrong", f"expected a number of seconds, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to a number of seconds.", "a number of seconds")
+    if early is not None:
+        return early
     size = params * bytes_per_param
     expected = 2 * (replicas - 1) / replicas * size / (gbytes_per_s * 1e9)
     if math.isclose(answer, expected, rel_tol=1e-3):
@@ -335,10 +338,9 @@ def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: f
 
 def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -> Feedback:
     """Lesson 07, exercise 2: speed-up of N replicas when each step adds comm_s to compute_s (no overlap)."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to the speed-up (a number like 2.5).")
-    if not _number(answer):
-        return _report("wrong", f"expected a number, got {type(answer).__name__} {answer!r}.")
+    early = _numeric(answer, "set `answer` to the speed-up (a number like 2.5).", "a number")
+    if early is not None:
+        return early
     expected = compute_s * replicas / (compute_s + comm_s)
     if math.isclose(answer, expected, rel_tol=1e-3):
         return _report("correct", f"{expected:g}×, an efficiency of {expected / replicas:.0%}: the all-reduce "

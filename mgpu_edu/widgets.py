@@ -56,10 +56,7 @@ class AllReduceStepper:
         fig = viz.new_figure(1.0 * len(trace.chunk_bytes) + 2.5, 0.5 * trace.n + 1.2)
         viz.draw_allreduce_step(trace, k, fig.add_subplot())
         self.image.value = viz.figure_png(fig)
-        sent = [0] * trace.n
-        for step in trace.steps[:k]:
-            for send in step.sends:
-                sent[send.src] += send.nbytes
+        sent = trace.bytes_sent_until(k)
         self.info.value = (f"<p>Tensor size S = {trace.total_bytes:,} bytes per device. Bytes sent so far, "
                            f"per device: {sent}. After all {len(trace.steps)} steps: {trace.bytes_sent}.</p>")
 
