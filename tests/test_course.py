@@ -90,7 +90,10 @@ def test_binder_files():
 
 
 def test_lessons_ship_inside_the_wheel():
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = config["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
