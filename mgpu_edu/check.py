@@ -40,6 +40,14 @@ def _unsolved(answer: Any) -> bool:
     return answer is None or answer is Ellipsis
 
 
+def _device_key(name: str) -> tuple[str, int] | None:
+    """("CPU", 2) for "/job:localhost/replica:0/task:0/device:CPU:2", "/CPU:2" or "/cpu:2"."""
+    import re
+
+    match = re.search(r"([A-Za-z]+):(\d+)$", name)
+    return (match.group(1).upper(), int(match.group(2))) if match else None
+
+
 def placed_on(tensor: Any, device: str) -> Feedback:
     """Lesson 00, exercise 1: is `tensor` the result of work placed on `device`?
 
@@ -54,7 +62,7 @@ def placed_on(tensor: Any, device: str) -> Feedback:
     if not isinstance(where, str):
         return _report("wrong", f"expected a TensorFlow tensor, got {type(tensor).__name__}. "
                                 "Assign the tensor your computation returns, not a Python value.")
-    if where.endswith(device.split("device:")[-1]):
+    if _device_key(where) == _device_key(device):
         return _report("correct", f"the result lives on {where}. Pinning work like this is how "
                                   "lesson 02 gives each device its own share of a batch.")
     return _report("wrong", f"your tensor lives on {where}, not {device}. Put the computation itself "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -98,6 +99,9 @@ class LocalCluster:
         self.script, self.workers, self.args = Path(script), workers, list(args)
         if not self.script.exists():
             raise FileNotFoundError(f"worker script {self.script} not found; pass the path of a Python file.")
+        if ports is not None and len(ports) != workers:
+            raise ValueError(f"ports={list(ports)} gives {len(ports)} ports for {workers} workers: pass one port "
+                             "per worker, or leave ports out to pick free ones.")
         self.requested_ports = list(ports) if ports is not None else None
         self.env, self.attempts = dict(env or {}), attempts
         self.log_dir = Path(tempfile.mkdtemp(prefix="mgpu-cluster-"))
@@ -110,8 +114,10 @@ class LocalCluster:
         self.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop()
+        if exc_type is None:  # keep the logs only when something went wrong (errors point at them)
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def _pick_ports(self) -> list[int]:
         if self.requested_ports and self.retries == 0:
@@ -129,7 +135,11 @@ class LocalCluster:
         for _ in range(self.attempts):
             ports = self._pick_ports()
             self.addresses = [f"127.0.0.1:{p}" for p in ports]
-            self._launch()
+            try:
+                self._launch()
+            except BaseException:
+                self.stop()  # never leave half a cluster running
+                raise
             if not self._port_failure(within=3.0):
                 return
             self.stop()
@@ -142,11 +152,11 @@ class LocalCluster:
         for index in range(self.workers):
             env = {**os.environ, **self.env, "TF_CONFIG": tf_config(cluster, "worker", index),
                    "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"}
-            log = (self.log_dir / f"worker{index}.log").open("w")
-            self.processes.append(subprocess.Popen(
-                [sys.executable, str(self.script), *self.args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-                start_new_session=not sys.platform.startswith("linux")))
+            with (self.log_dir / f"worker{index}.log").open("w") as log:  # the child keeps its own copy
+                self.processes.append(subprocess.Popen(
+                    [sys.executable, str(self.script), *self.args], stdout=log, stderr=subprocess.STDOUT, env=env,
+                    preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+                    start_new_session=not sys.platform.startswith("linux")))
 
     def _port_failure(self, within: float) -> bool:
         deadline = time.monotonic() + within

@@ -160,8 +160,9 @@ def train_mirrored(build_model: Callable[[], Any], split: Any, replicas: int, gl
 
     ``split`` holds x_train, y_train, x_test, y_test. The optimizer is SGD with momentum 0.9
     at ``learning_rate``; the loss is sparse cross-entropy on logits. ``on_batch(done,
-    total)`` is called after every step (for a progress bar). seconds_per_epoch is the last
-    epoch's time, so with epochs ≥ 2 it leaves out the first epoch's graph building.
+    total)`` is called after every step (for a progress bar). seconds_per_epoch is measured
+    in steady state: the mean time of every step after the first (which builds the graph),
+    times the steps per epoch; with a single step it is that step, graph building included.
     On logical CPUs the replicas share the cores: expect no speed-up.
     """
     tf = quiet.import_tensorflow()

@@ -72,6 +72,8 @@ def time_epochs(train_step: Callable[[Any, Any], Any], dataset: Any, epochs: int
 
 def throughput(train_step: Callable[[Any, Any], Any], x: Any, y: Any, steps: int = 10) -> float:
     """Examples per second of ``train_step`` on one batch (x, y), after one warm-up step."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} must be a whole number of at least 1, e.g. steps=10.")
     float(train_step(x, y))
     start = time.perf_counter()
     for _ in range(steps):

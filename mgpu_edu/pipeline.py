@@ -173,6 +173,20 @@ def _deal(items: int, bins: int) -> list[int]:
     return [base + 1 if i < extra else base for i in range(bins)]
 
 
+_ABORT = object()  # put in every queue when a stage fails, so no other stage waits for ever
+
+
+class _Abort(Exception):
+    """Raised in a stage thread when another stage has failed."""
+
+
+def _take(q: queue.Queue) -> Any:
+    item = q.get(timeout=300)  # no stage waits for ever, even if a hand-over is lost
+    if item is _ABORT:
+        raise _Abort
+    return item
+
+
 @dataclasses.dataclass
 class PipelineRun:
     """What one pipelined step produced: gradients, mean loss, and the measured events (seconds)."""
@@ -211,7 +225,7 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
         try:
             saved = []
             for i in range(m):
-                inputs = xs[i] if s == 0 else forward_in[s].get()
+                inputs = xs[i] if s == 0 else _take(forward_in[s])
                 start = time.perf_counter()
                 output, tape = model.forward(s, inputs)
                 loss_grad = None
@@ -231,7 +245,7 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
             for i in range(m):
                 output, tape, loss_grad = saved[i]
                 start = time.perf_counter()
-                upstream = loss_grad if s == p - 1 else backward_in[s].get()
+                upstream = loss_grad if s == p - 1 else _take(backward_in[s])
                 upstream_start = time.perf_counter() if s < p - 1 else start
                 back, var_grads = model.backward(s, output, tape, upstream)
                 _ = back.numpy()
@@ -241,10 +255,13 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
                     events.append(Event(s, i, "B", upstream_start - origin, end - origin))
                 if s > 0:
                     backward_in[s - 1].put(back)
+        except _Abort:
+            return  # another stage failed; its error is re-raised below
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
             errors.append(error)
             for q in (*forward_in, *backward_in):
-                q.put(None)
+                for _ in range(m):
+                    q.put(_ABORT)
 
     threads = [threading.Thread(target=stage_worker, args=(s,), daemon=True) for s in range(p)]
     for thread in threads:
@@ -341,7 +358,9 @@ def parallelism_costs(widths: Sequence[int], batch: int, devices: int, micro_bat
     stage_mem = [sum(params[a:b]) + sum(acts[a:b]) for a, b in bounds]
     boundary_bytes = sum(2 * acts[b - 1] for _, b in bounds[:-1])
     ring = 2 * (n - 1) / n
-    tensor_traffic = sum(ring * a for a in acts)  # all-gather forward + all-reduce back, per layer
+    # per layer: all-gather its output forward ((N−1)/N of it), all-reduce its input's gradient
+    # backward (2(N−1)/N of it; the first layer's input is data and needs no gradient)
+    tensor_traffic = sum((n - 1) / n * a for a in acts) + sum(ring * a for a in acts[:-1])
     return [
         {"strategy": "data", "memory_per_device": sum(params) + sum(acts) / n,
          "bytes_per_step": ring * sum(params), "idle_fraction": 0.0},

@@ -162,29 +162,26 @@ class ReplicaBatchExplorer:
 
         if self.busy and not claimed:
             return None
-        try:
-            plan = self.plan()
-        except ValueError as error:
-            self.status.value = f"<p style='color:#b00'>⚠ {html_escape(str(error))}</p>"
-            return None
         self.busy = True
         self.train_button.disabled = True
-        self.progress.value, self.progress.max = 0, plan.steps_per_epoch * self.epochs.value
-        self.status.value = f"<p>Training on {', '.join(self.devices[:plan.replicas])} …</p>"
+        result = None
         try:
+            plan = self.plan()  # inside the try: the sliders may have moved since the click
+            epochs = self.epochs.value  # read once, for the progress bar and the run alike
+            self.progress.value, self.progress.max = 0, plan.steps_per_epoch * epochs
+            self.status.value = f"<p>Training on {', '.join(self.devices[:plan.replicas])} …</p>"
             result = mirrored.train_mirrored(
-                self.build_model, self.split, plan.replicas, plan.global_batch, epochs=self.epochs.value,
+                self.build_model, self.split, plan.replicas, plan.global_batch, epochs=epochs,
                 learning_rate=plan.learning_rate, devices=self.devices, on_batch=self._on_batch)
+            self.results.append(result)
+            self._render_results()
+            self.status.value = (f"<p>Done: {result.replicas} replica(s), {result.seconds_per_epoch:.2f} s per "
+                                 f"epoch, test accuracy {result.accuracy:.3f}.</p>")
         except Exception as error:  # noqa: BLE001 - shown in the widget, never a traceback in the notebook
-            self.status.value = f"<p style='color:#b00'>⚠ Training failed: {html_escape(repr(error))}</p>"
-            return None
+            self.status.value = f"<p style='color:#b00'>⚠ {html_escape(str(error) or repr(error))}</p>"
         finally:
-            self.busy = False
+            self.busy = False  # only after the results are in, so a quick second click can't interleave
             self._update()
-        self.results.append(result)
-        self.status.value = (f"<p>Done: {result.replicas} replica(s), {result.seconds_per_epoch:.2f} s per epoch, "
-                             f"test accuracy {result.accuracy:.3f}.</p>")
-        self._render_results()
         return result
 
     def _on_batch(self, done: int, total: int) -> None:

@@ -113,3 +113,12 @@ def test_bad_arguments():
         cluster.LocalCluster("nope.py")
     with pytest.raises(ValueError, match="staleness=-1"):
         cluster.stale_sgd(-1)
+
+
+def test_ports_must_match_workers_and_logs_are_cleaned_up():
+    with pytest.raises(ValueError, match="2 ports for 3 workers"):
+        cluster.LocalCluster(SLEEPER, workers=3, ports=[1, 2])
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["done"]) as job:
+        job.wait(timeout=30)
+        log_dir = job.log_dir
+    assert not log_dir.exists()

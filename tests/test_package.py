@@ -88,3 +88,12 @@ def test_placed_on_feedback(capsys):
     assert check.placed_on(Fake(), "/device:CPU:2").correct
     assert check.placed_on(Fake(), "/device:CPU:1").status == "wrong"
     assert check.placed_on(3.0, "/device:CPU:1").status == "wrong"
+
+
+def test_placed_on_compares_type_and_index(capsys):
+    class On:
+        def __init__(self, device):
+            self.device = device
+
+    assert check.placed_on(On("/job:localhost/replica:0/task:0/device:CPU:11"), "/device:CPU:1").status == "wrong"
+    assert check.placed_on(On("/job:localhost/replica:0/task:0/device:GPU:0"), "/gpu:0").correct

@@ -116,3 +116,16 @@ def test_parallelism_costs():
     assert rows["layer split"]["bytes_per_step"] == 2 * 32 * 128 * 4
     assert rows["tensor"]["memory_per_device"] == pytest.approx((params + 32 * (128 + 10) * 4) / 2)
     assert rows["layer split"]["idle_fraction"] == 0.5 and rows["data"]["idle_fraction"] == 0
+
+
+def test_a_failing_stage_raises_instead_of_hanging(four_devices):
+    import tensorflow as tf
+
+    model = pipeline.StagedModel([16, 8, 8, 8, 4], four_devices, classes=4)
+
+    def broken_loss(y, logits):
+        raise RuntimeError("this loss is broken on purpose")
+
+    x, y = tf.zeros((6, 16)), tf.zeros(6, tf.int32)
+    with pytest.raises(RuntimeError, match="broken on purpose"):
+        pipeline.run_pipeline(model, broken_loss, x, y, micro_batches=3)
