@@ -10,12 +10,16 @@
   killed kernel leaves no orphans.
 
 TensorFlow's gRPC server listens on every interface of the port it is given (its ServerDef
-has no bind-address setting); the cluster only ever *addresses* 127.0.0.1, and the ports are
-chosen free on 127.0.0.1.
+has no bind-address setting). So where Linux allows it (``unshare`` and unprivileged user
+namespaces), the workers run together in a **network namespace of their own whose only
+interface is loopback**: their servers are reachable from 127.0.0.1 inside it and from nowhere
+else. Elsewhere they run normally, addressed only through 127.0.0.1 (``LocalCluster.isolated``
+says which).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -72,6 +76,51 @@ def tf_config(cluster: dict[str, list[str]], task_type: str, index: int) -> str:
     return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
+@functools.lru_cache(maxsize=1)
+def network_isolation_available() -> bool:
+    """True where workers can run in a network namespace of their own (Linux with user namespaces)."""
+    exe = shutil.which("unshare")
+    if not sys.platform.startswith("linux") or exe is None:
+        return False
+    try:
+        return subprocess.run([exe, "--user", "--net", "--map-root-user", "true"], capture_output=True,
+                              timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _loopback_up() -> None:
+    """Bring up ``lo`` in a new network namespace (it starts down), without needing the ip tool."""
+    import fcntl
+    import struct
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, siocgifflags, request)[:18])[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH", b"lo", flags | iff_up))
+
+
+def _launch_isolated(spec_path: str) -> None:
+    """Inside the new namespace: bring up loopback, start every worker, record pids and exit codes."""
+    spec = json.loads(Path(spec_path).read_text())
+    _loopback_up()
+    processes = []
+    for worker in spec["workers"]:
+        with open(worker["log"], "w") as log:
+            processes.append(subprocess.Popen(worker["argv"], stdout=log, stderr=subprocess.STDOUT, env=worker["env"],
+                                              preexec_fn=_die_with_parent))
+    Path(spec["pids"]).write_text(" ".join(str(p.pid) for p in processes))
+    waiting = set(range(len(processes)))
+    while waiting:
+        for index in list(waiting):
+            code = processes[index].poll()
+            if code is not None:
+                Path(spec["workers"][index]["code"]).write_text(str(code))
+                waiting.discard(index)
+        time.sleep(0.05)
+
+
 def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
     import ctypes
 
@@ -93,7 +142,8 @@ class LocalCluster:
     """
 
     def __init__(self, script: str | Path, workers: int = 2, args: Sequence[str] = (),
-                 ports: Sequence[int] | None = None, env: dict[str, str] | None = None, attempts: int = 3) -> None:
+                 ports: Sequence[int] | None = None, env: dict[str, str] | None = None, attempts: int = 3,
+                 isolate: bool | None = None) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 8:
             raise ValueError(f"workers={workers!r}: use 1 to 8 worker processes on one machine.")
         self.script, self.workers, self.args = Path(script), workers, list(args)
@@ -104,6 +154,12 @@ class LocalCluster:
                              "per worker, or leave ports out to pick free ones.")
         self.requested_ports = list(ports) if ports is not None else None
         self.env, self.attempts = dict(env or {}), attempts
+        if isolate and not network_isolation_available():
+            raise ValueError("isolate=True needs Linux with `unshare` and unprivileged user namespaces, which this "
+                             "machine doesn't offer. Leave isolate out to use isolation where it is available.")
+        #: True when the workers run in a network namespace whose only interface is loopback.
+        self.isolated = network_isolation_available() if isolate is None else isolate
+        self.launcher: subprocess.Popen | None = None
         self.log_dir = Path(tempfile.mkdtemp(prefix="mgpu-cluster-"))
         self.processes: list[subprocess.Popen] = []
         self.addresses: list[str] = []
@@ -146,25 +202,67 @@ class LocalCluster:
             self.retries += 1
         raise WorkerFailed(f"could not start {self.workers} workers after {self.attempts} tries: ports were busy.")
 
+    def _worker_env(self, index: int) -> dict[str, str]:
+        return {**os.environ, **self.env, "TF_CONFIG": tf_config({"worker": self.addresses}, "worker", index),
+                "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"}
+
     def _launch(self) -> None:
-        cluster = {"worker": self.addresses}
         self.processes = []
+        if self.isolated:
+            self._launch_in_namespace()
+            return
         for index in range(self.workers):
-            env = {**os.environ, **self.env, "TF_CONFIG": tf_config(cluster, "worker", index),
-                   "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"}
+            env = self._worker_env(index)
             with (self.log_dir / f"worker{index}.log").open("w") as log:  # the child keeps its own copy
                 self.processes.append(subprocess.Popen(
                     [sys.executable, str(self.script), *self.args], stdout=log, stderr=subprocess.STDOUT, env=env,
                     preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
                     start_new_session=not sys.platform.startswith("linux")))
 
+    def _launch_in_namespace(self) -> None:
+        for stale in (*self.log_dir.glob("*.code"), self.log_dir / "pids"):
+            stale.unlink(missing_ok=True)
+        spec = {"pids": str(self.log_dir / "pids"), "workers": [
+            {"argv": [sys.executable, str(self.script.resolve()), *self.args], "env": self._worker_env(i),
+             "log": str(self.log_dir / f"worker{i}.log"), "code": str(self.log_dir / f"worker{i}.code")}
+            for i in range(self.workers)]}
+        spec_path = self.log_dir / "spec.json"
+        spec_path.write_text(json.dumps(spec))
+        package = str(Path(__file__).resolve().parents[1])
+        code = f"import sys; sys.path.insert(0, {package!r}); from mgpu_edu import cluster; " \
+               f"cluster._launch_isolated({str(spec_path)!r})"
+        with (self.log_dir / "launcher.log").open("w") as log:
+            self.launcher = subprocess.Popen(
+                [shutil.which("unshare") or "unshare", "--user", "--net", "--map-root-user", sys.executable, "-c",
+                 code], stdout=subprocess.DEVNULL, stderr=log, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + 30
+        while not (self.log_dir / "pids").exists():
+            if self.launcher.poll() is not None or time.monotonic() > deadline:
+                raise WorkerFailed("could not start the workers in their own network namespace: "
+                                   + (self.log_dir / "launcher.log").read_text(errors="replace")[-500:])
+            time.sleep(0.02)
+
+    def _codes(self) -> list[int | None]:
+        """Each worker's exit code, or None while it runs."""
+        if not self.isolated:
+            return [p.poll() for p in self.processes]
+        codes: list[int | None] = []
+        for index in range(self.workers):
+            path = self.log_dir / f"worker{index}.code"
+            text = path.read_text().strip() if path.exists() else ""
+            codes.append(int(text) if text else None)
+        if self.launcher is not None and self.launcher.poll() is not None:  # the launcher died: so did they
+            codes = [-9 if code is None else code for code in codes]
+        return codes
+
     def _port_failure(self, within: float) -> bool:
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
-            for index, process in enumerate(self.processes):
-                if process.poll() not in (None, 0) and any(e in self.log(index) for e in PORT_ERRORS):
+            codes = self._codes()
+            for index, code in enumerate(codes):
+                if code not in (None, 0) and any(e in self.log(index) for e in PORT_ERRORS):
                     return True
-            if all(p.poll() is not None for p in self.processes):
+            if all(code is not None for code in codes):
                 return False
             time.sleep(0.1)
         return False
@@ -178,7 +276,7 @@ class LocalCluster:
         """Wait for every worker to finish; return their logs. Raises on a failure or a timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            codes = [p.poll() for p in self.processes]
+            codes = self._codes()
             for index, code in enumerate(codes):
                 if code not in (None, 0):
                     self.stop()
@@ -194,6 +292,20 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Kill every worker that is still running (safe to call twice)."""
+        if self.isolated:
+            for pid in self._isolated_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self.launcher is not None and self.launcher.poll() is None:
+                self.launcher.kill()  # its workers die with it (PR_SET_PDEATHSIG)
+            if self.launcher is not None:
+                try:
+                    self.launcher.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            return
         for process in self.processes:
             if process.poll() is None:
                 try:
@@ -206,10 +318,14 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 pass
 
+    def _isolated_pids(self) -> list[int]:
+        path = self.log_dir / "pids"
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
     @property
     def pids(self) -> list[int]:
         """The workers' process ids."""
-        return [p.pid for p in self.processes]
+        return self._isolated_pids() if self.isolated else [p.pid for p in self.processes]
 
 
 def stale_sgd(staleness: int, steps: int = 60, learning_rate: float = 0.3, curvature: float = 1.0) -> list[float]:

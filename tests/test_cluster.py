@@ -122,3 +122,36 @@ def test_ports_must_match_workers_and_logs_are_cleaned_up():
         job.wait(timeout=30)
         log_dir = job.log_dir
     assert not log_dir.exists()
+
+
+@pytest.mark.skipif(not cluster.network_isolation_available(), reason="needs Linux user namespaces")
+def test_isolated_workers_are_unreachable_from_outside(tmp_path):
+    """Workers that listen on a port are reachable on 127.0.0.1 inside their namespace only."""
+    listener = tmp_path / "listen.py"
+    listener.write_text(textwrap.dedent("""
+        import json, os, socket, time
+        config = json.loads(os.environ["TF_CONFIG"])
+        me = config["cluster"]["worker"][config["task"]["index"]]
+        server = socket.socket()
+        server.bind(("0.0.0.0", int(me.rsplit(":", 1)[1])))  # all interfaces, as TensorFlow's gRPC does
+        server.listen()
+        peer = config["cluster"]["worker"][1 - config["task"]["index"]]
+        for _ in range(100):  # the other worker is reachable inside the namespace
+            try:
+                socket.create_connection(peer.rsplit(":", 1), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise SystemExit("peer unreachable")
+        print("reached", peer, flush=True)
+        time.sleep(2)
+    """))
+    with cluster.LocalCluster(listener, workers=2) as job:
+        assert job.isolated
+        time.sleep(0.8)
+        for address in job.addresses:  # from this (outer) namespace, nothing answers
+            with pytest.raises(OSError):
+                socket.create_connection(address.rsplit(":", 1), timeout=1).close()
+        logs = job.wait(timeout=30)
+    assert all("reached 127.0.0.1:" in log for log in logs)
