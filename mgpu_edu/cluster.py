@@ -160,6 +160,7 @@ class LocalCluster:
         #: True when the workers run in a network namespace whose only interface is loopback.
         self.isolated = network_isolation_available() if isolate is None else isolate
         self.launcher: subprocess.Popen | None = None
+        self.failed = False
         self.log_dir = Path(tempfile.mkdtemp(prefix="mgpu-cluster-"))
         self.processes: list[subprocess.Popen] = []
         self.addresses: list[str] = []
@@ -172,7 +173,7 @@ class LocalCluster:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop()
-        if exc_type is None:  # keep the logs only when something went wrong (errors point at them)
+        if exc_type is None and not self.failed:  # keep the logs when something went wrong (errors cite them)
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def _pick_ports(self) -> list[int]:
@@ -279,6 +280,7 @@ class LocalCluster:
             codes = self._codes()
             for index, code in enumerate(codes):
                 if code not in (None, 0):
+                    self.failed = True
                     self.stop()
                     tail = "\n".join(self.log(index).splitlines()[-15:])
                     raise WorkerFailed(f"worker {index} exited with code {code}; the others were stopped. "
@@ -286,6 +288,7 @@ class LocalCluster:
             if all(code == 0 for code in codes):
                 return [self.log(i) for i in range(self.workers)]
             time.sleep(0.1)
+        self.failed = True
         self.stop()
         raise TimeoutError(f"the {self.workers} workers did not finish within {timeout:.0f} s and were stopped. "
                            f"Logs are in {self.log_dir}.")

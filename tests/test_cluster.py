@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,6 +52,8 @@ def test_dead_worker_is_a_clear_error_not_a_hang():
         pids = job.pids
     assert time.monotonic() - start < 30
     assert not any(alive(pid) for pid in pids)  # the healthy worker was stopped too
+    assert job.log_dir.exists()  # a failure keeps the logs for reading
+    shutil.rmtree(job.log_dir)
 
 
 def test_time_limit_stops_everyone():
@@ -59,6 +62,7 @@ def test_time_limit_stops_everyone():
             job.wait(timeout=2)
         pids = job.pids
     assert not any(alive(pid) for pid in pids)
+    shutil.rmtree(job.log_dir)
 
 
 def test_error_inside_the_block_kills_workers():
@@ -67,6 +71,7 @@ def test_error_inside_the_block_kills_workers():
             pids = job.pids
             raise KeyboardInterrupt  # what interrupting a notebook cell does
     assert not any(alive(pid) for pid in pids)
+    shutil.rmtree(job.log_dir)
 
 
 def test_busy_port_is_swapped_for_a_free_one():
@@ -92,11 +97,12 @@ def test_killing_the_run_midway_leaves_no_worker(tmp_path):
         from mgpu_edu import cluster
         job = cluster.LocalCluster({str(SLEEPER)!r}, workers=3, args=["sleep", "300"])
         job.start()
-        print(" ".join(map(str, job.pids)), flush=True)
+        print(job.log_dir, " ".join(map(str, job.pids)), flush=True)
         time.sleep(300)
     """))
     run = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in run.stdout.readline().split()]
+    log_dir, *pids = run.stdout.readline().split()
+    pids = [int(p) for p in pids]
     assert len(pids) == 3 and all(alive(pid) for pid in pids)
     os.kill(run.pid, signal.SIGKILL)  # no cleanup code in the run gets to execute
     run.wait(timeout=10)
@@ -104,6 +110,7 @@ def test_killing_the_run_midway_leaves_no_worker(tmp_path):
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(pid) for pid in pids)
+    shutil.rmtree(log_dir)  # the killed run could not tidy up its logs
 
 
 def test_bad_arguments():
