@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mgpu_edu import quiet
+from mgpu_edu.parallel import shard_sizes
 
 ALGORITHMS = ("ring", "reduce_to_one", "tree")
 
@@ -157,11 +158,6 @@ _SCHEDULES: dict[str, Callable[..., tuple[int, list[tuple[str, list[Send]]]]]] =
 # ----------------------------------------------------------------------------- executor
 
 
-def _chunk_sizes(length: int, chunks: int) -> list[int]:
-    base, extra = divmod(length, chunks)
-    return [base + 1 if i < extra else base for i in range(chunks)]
-
-
 def _execute(values: list[list[Any]], schedule: list[tuple[str, list[Send]]], itemsize: int,
              add: Callable[[int, Any, Any], Any], copy: Callable[[int, Any], Any],
              algorithm: str) -> tuple[list[list[Any]], Trace]:
@@ -219,7 +215,7 @@ def _allreduce_tf(tensors: Sequence[Any], algorithm: str, trace: bool, **options
     chunks, schedule = _SCHEDULES[algorithm](n, **options)
     shape = tensors[0].shape
     length = int(tf.size(tensors[0]))
-    sizes = _chunk_sizes(length, chunks)
+    sizes = shard_sizes(length, chunks)
     values = []
     for device, tensor in zip(devices, tensors, strict=True):
         with tf.device(device):
@@ -293,7 +289,7 @@ def simulate(algorithm: str, n: int, length: int | None = None, itemsize: int = 
         raise ValueError(f"n={n!r} devices: pick a whole number from 1 to 64.")
     length = n if length is None else length
     chunks, schedule = _SCHEDULES[algorithm](n)
-    sizes = _chunk_sizes(length, chunks)
+    sizes = shard_sizes(length, chunks)
     values = [list(np.split(np.full(length, float(d)), np.cumsum(sizes)[:-1])) for d in range(n)]
     values, record = _execute(values, schedule, itemsize, lambda dst, a, b: a + b, lambda dst, b: b.copy(),
                               algorithm)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from mgpu_edu._validate import positive_number, whole_number
 from mgpu_edu.allreduce import ALGORITHMS, alpha_beta_time
 
 #: Approximate sustained dense throughput, TFLOP/s (fp32 / fp16-or-bf16 tensor cores). Peak
@@ -40,13 +41,6 @@ class StepTime:
     replicas: int
 
 
-def _positive(name: str, value: Any, whole: bool = False) -> None:
-    kinds = (int,) if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
-        kind = "a whole number ≥ 1" if whole else "a positive number"
-        raise ValueError(f"{name}={value!r} must be {kind}.")
-
-
 def step_time(params: float, flops_per_example: float, batch_per_replica: int, replicas: int,
               device_tflops: float, link_gbytes_per_s: float, algorithm: str = "ring", latency_s: float = 1e-5,
               bytes_per_param: float = 4, overlap: float = 0.0) -> StepTime:
@@ -63,9 +57,9 @@ def step_time(params: float, flops_per_example: float, batch_per_replica: int, r
     for name, value in (("params", params), ("flops_per_example", flops_per_example),
                         ("device_tflops", device_tflops), ("link_gbytes_per_s", link_gbytes_per_s),
                         ("bytes_per_param", bytes_per_param)):
-        _positive(name, value)
-    _positive("batch_per_replica", batch_per_replica, whole=True)
-    _positive("replicas", replicas, whole=True)
+        positive_number(name, value)
+    whole_number("batch_per_replica", batch_per_replica)
+    whole_number("replicas", replicas)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
     if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)) or latency_s < 0:
@@ -99,7 +93,7 @@ def speedup(params: float, flops_per_example: float, batch_per_replica: int, rep
 def scaling(params: float, flops_per_example: float, batch_per_replica: int, max_replicas: int,
             **options: Any) -> dict[str, list[float]]:
     """Speed-up and efficiency (speed-up ÷ N) for N = 1 … max_replicas."""
-    _positive("max_replicas", max_replicas, whole=True)
+    whole_number("max_replicas", max_replicas)
     ns = list(range(1, max_replicas + 1))
     s = [speedup(params, flops_per_example, batch_per_replica, n, **options) for n in ns]
     return {"replicas": ns, "speedup": s, "efficiency": [v / n for v, n in zip(s, ns, strict=True)]}

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mgpu_edu import quiet
+from mgpu_edu._validate import whole_number as _positive
 
 MODES = ("per_replica", "global")
 #: Collective keys each new strategy skips ahead by (see make_strategy).
@@ -76,11 +77,6 @@ def scaled_learning_rate(base_lr: float, base_batch: int, global_batch: int) -> 
     _positive("base_batch", base_batch)
     _positive("global_batch", global_batch)
     return base_lr * global_batch / base_batch
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a whole number of at least 1.")
 
 
 def batch_plan(examples: int, batch: int, replicas: int, mode: str = "per_replica",

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
+from mgpu_edu._validate import whole_number
+from mgpu_edu.parallel import shard_sizes
 
 
 class Event(NamedTuple):
@@ -34,9 +36,7 @@ class Event(NamedTuple):
 
 
 def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a whole number of at least 1, e.g. {name}=4.")
-    return value
+    return whole_number(name, value, example=4)
 
 
 def gpipe_schedule(stages: int, micro_batches: int) -> list[Event]:
@@ -169,8 +169,7 @@ class StagedModel:
 def _deal(items: int, bins: int) -> list[int]:
     if bins > items:
         raise ValueError(f"{bins} stages need at least {bins} layers, got {items}. Use fewer devices or more layers.")
-    base, extra = divmod(items, bins)
-    return [base + 1 if i < extra else base for i in range(bins)]
+    return shard_sizes(items, bins)
 
 
 _ABORT = object()  # put in every queue when a stage fails, so no other stage waits for ever

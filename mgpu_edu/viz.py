@@ -219,37 +219,6 @@ def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height))
 
 
-def draw_batch_split(plan, ax: Axes) -> Axes:  # noqa: ANN001 - mirrored.BatchPlan
-    """One global batch split over the replicas (top), and one epoch as steps (bottom)."""
-    from mgpu_edu.parallel import shard_sizes
-
-    sizes = shard_sizes(plan.global_batch, plan.replicas)
-    lefts = [sum(sizes[:i]) for i in range(len(sizes))]
-    ax.barh([1] * len(sizes), sizes, left=lefts, color=[device_color(i) for i in range(len(sizes))],
-            edgecolor="black", height=0.6)
-    for i, (left, size) in enumerate(zip(lefts, sizes, strict=True)):
-        if size >= plan.global_batch * 0.08:
-            ax.text(left + size / 2, 1, f"replica {i}\n{size}", ha="center", va="center", fontsize=8, color="white")
-    shown = min(plan.steps_per_epoch, 60)
-    width = plan.global_batch / shown
-    short = plan.last_batch < plan.global_batch and shown == plan.steps_per_epoch
-    lengths = [width * 0.85] * shown
-    if short:
-        lengths[-1] *= plan.last_batch / plan.global_batch
-    colors = ["#bbbbbb"] * shown
-    if short:
-        colors[-1] = "#DD8452"
-    ax.barh([0] * shown, lengths, left=[s * width for s in range(shown)], color=colors, height=0.5)
-    more = "" if shown == plan.steps_per_epoch else f" (first {shown} drawn)"
-    ax.text(0, -0.6, f"one epoch = {plan.steps_per_epoch} steps{more}; last batch {plan.last_batch} examples",
-            fontsize=8, va="center")
-    ax.set_yticks([1, 0], [f"global batch {plan.global_batch}", "epoch"], fontsize=8)
-    ax.set_xlim(0, plan.global_batch)
-    ax.set_ylim(-0.9, 1.5)
-    ax.tick_params(labelsize=7)
-    return ax
-
-
 def draw_runs(results: list, axes: tuple) -> None:  # noqa: ANN001 - list of mirrored.RunResult
     """Compare training runs: examples per second and test accuracy, one bar per run."""
     labels = [f"{r.replicas}×{r.per_replica}" for r in results]

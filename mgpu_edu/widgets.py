@@ -11,7 +11,18 @@ from typing import Any
 from mgpu_edu import allreduce, viz
 
 
-class AllReduceStepper:
+class _Displayed:
+    """A widget front-end that shows its ``root`` box when it is a cell's result."""
+
+    root: Any
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.root)
+
+
+class AllReduceStepper(_Displayed):
     """Step through an all-reduce: pick N and an algorithm, then move the step slider or press play.
 
     Each frame shows every device's chunks after step k (which devices' data each partial sum
@@ -60,13 +71,8 @@ class AllReduceStepper:
         self.info.value = (f"<p>Tensor size S = {trace.total_bytes:,} bytes per device. Bytes sent so far, "
                            f"per device: {sent}. After all {len(trace.steps)} steps: {trace.bytes_sent}.</p>")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
 
-        display(self.root)
-
-
-class ReplicaBatchExplorer:
+class ReplicaBatchExplorer(_Displayed):
     """Choose replicas and batch size, see how a batch splits, then press Train to really train.
 
     Live (no training): how one global batch splits over the replicas, per-replica batch,
@@ -202,17 +208,12 @@ class ReplicaBatchExplorer:
         fig.tight_layout()
         self.chart.value = viz.figure_png(fig)
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.root)
-
 
 def split_diagram_html(plan: Any) -> str:
     """How one global batch splits over the replicas, and one epoch as steps, as light HTML.
 
-    The same picture as :func:`mgpu_edu.viz.draw_batch_split`, cheap enough to redraw on every
-    slider move.
+    HTML rather than a matplotlib figure, so it redraws in a few milliseconds on every slider
+    move.
     """
     from mgpu_edu.parallel import shard_sizes
 
@@ -245,7 +246,7 @@ def html_escape(text: str) -> str:
     return html.escape(text)
 
 
-class PipelineExplorer:
+class PipelineExplorer(_Displayed):
     """Sliders for stages P and micro-batches M; redraws the ideal GPipe schedule and its bubble.
 
     Example:
@@ -281,13 +282,8 @@ class PipelineExplorer:
         self.info.value = (f"<p>bubble = (P−1)/(M+P−1) = {p - 1}/{m + p - 1} = <b>{bubble:.1%}</b> of stage-time "
                            f"idle; a step takes {2 * (m + p - 1)} slots for {2 * m} slots of work per stage.</p>")
 
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
 
-        display(self.root)
-
-
-class ScalingSimulator:
+class ScalingSimulator(_Displayed):
     """The scaling model (:mod:`mgpu_edu.costmodel`) with controls: model size, batch, device, link, algorithm.
 
     Shows each step's compute and all-reduce time for 1 … N replicas, and the scaling
@@ -362,8 +358,3 @@ class ScalingSimulator:
         self.info.value = (f"<p>{ns[-1]} replicas: compute {last.compute_s * 1e3:.1f} ms + all-reduce "
                            f"{last.comm_s * 1e3:.1f} ms ({last.hidden_s * 1e3:.1f} ms hidden) per step → speed-up "
                            f"<b>{curve['speedup'][-1]:.1f}×</b>, efficiency <b>{curve['efficiency'][-1]:.0%}</b>.</p>")
-
-    def _ipython_display_(self) -> None:
-        from IPython.display import display
-
-        display(self.root)
