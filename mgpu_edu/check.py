@@ -40,6 +40,13 @@ def _unsolved(answer: Any) -> bool:
     return answer is None or answer is Ellipsis
 
 
+def _unsolved_function(name: str, returned: Any) -> Feedback:
+    """Feedback for a function that returns the stub's ``...`` (unsolved) or None (a forgotten return)."""
+    if returned is Ellipsis:
+        return _report("unsolved", f"`{name}` still returns `...`: write its body, then run this cell again.")
+    return _report("wrong", f"`{name}` returned None. Did you forget the `return` statement?")
+
+
 def _device_key(name: str) -> tuple[str, int] | None:
     """("CPU", 2) for "/job:localhost/replica:0/task:0/device:CPU:2", "/CPU:2" or "/cpu:2"."""
     import re
@@ -144,10 +151,16 @@ def shard_sizes_function(fn: Any) -> Feedback:
 
     if _unsolved(fn):
         return _report("unsolved", "define `my_shard_sizes(batch, n)` and pass it to the check.")
+    if not callable(fn):
+        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
+                                "itself: check.shard_sizes_function(my_shard_sizes), no parentheses.")
     cases = [(10, 4), (8, 4), (3, 4), (1, 2), (17, 5), (0, 3)]
     for batch, n in cases:
         try:
-            got = list(fn(batch, n))
+            got = fn(batch, n)
+            if _unsolved(got):
+                return _unsolved_function("my_shard_sizes", got)
+            got = list(got)
         except Exception as error:  # noqa: BLE001 - a learner's code may raise anything
             return _report("wrong", f"my_shard_sizes({batch}, {n}) raised {type(error).__name__}: {error}.")
         want = shard_sizes(batch, n)
@@ -169,10 +182,16 @@ def combine_function(fn: Any) -> Feedback:
     """Lesson 02, exercise 2: combine per-tower (gradient sum, example count) into the batch-mean gradient."""
     if _unsolved(fn):
         return _report("unsolved", "define `combine(sums, counts)` and pass it to the check.")
+    if not callable(fn):
+        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
+                                "itself: check.combine_function(combine), no parentheses.")
     cases = [([6.0, 1.0], [3, 1]), ([10.0, 4.0, 0.0], [4, 2, 0]), ([1.0, 1.0], [2, 2])]
     for sums, counts in cases:
         try:
-            got = float(fn(list(sums), list(counts)))
+            got = fn(list(sums), list(counts))
+            if _unsolved(got):
+                return _unsolved_function("combine", got)
+            got = float(got)
         except ZeroDivisionError:
             return _report("wrong", f"combine({sums}, {counts}) divided by zero: an empty tower has count 0, so "
                                     "never divide by one tower's count. Divide the total by the total.")

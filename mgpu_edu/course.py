@@ -45,26 +45,51 @@ def check_slug(repo: str) -> str:
     return repo
 
 
-def colab_url(lesson: str, repo: str = REPO, ref: str = REF) -> str:
+_REF = re.compile(r"^(?!.*\.\.)(?!/)(?!.*/$)[A-Za-z0-9._/+-]{1,200}$")
+
+
+def check_ref(ref: str) -> str:
+    """Return ref if it can name a git tag, branch or commit, else raise ValueError saying why."""
+    if not isinstance(ref, str) or not _REF.match(ref) or ref.endswith(".lock"):
+        raise ValueError(
+            f"{ref!r} is not a git tag, branch or commit. Use letters, digits and . _ - / +, "
+            "for example 'v0.1.0' or 'main'."
+        )
+    return ref
+
+
+def check_folder(folder: str) -> str:
+    """Return a repository-relative folder like "lessons" or "course/student", else raise ValueError."""
+    parts = folder.split("/") if isinstance(folder, str) else [""]
+    if not all(part and part not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in parts):
+        raise ValueError(
+            f"{folder!r} is not a folder inside the repository. Give a relative path such as 'lessons' "
+            "or 'student' (letters, digits, '.', '_', '-', separated by '/')."
+        )
+    return folder
+
+
+def colab_url(lesson: str, repo: str = REPO, ref: str = REF, folder: str = "lessons") -> str:
     """The address that opens a lesson in Colab."""
-    return f"https://colab.research.google.com/github/{repo}/blob/{ref}/lessons/{lesson}"
+    return f"https://colab.research.google.com/github/{repo}/blob/{ref}/{folder}/{lesson}"
 
 
-def binder_url(lesson: str, repo: str = REPO, ref: str = REF) -> str:
+def binder_url(lesson: str, repo: str = REPO, ref: str = REF, folder: str = "lessons") -> str:
     """The address that opens a lesson in JupyterLab on mybinder.org."""
-    return f"https://mybinder.org/v2/gh/{repo}/{ref}?urlpath=lab/tree/lessons/{lesson}"
+    return f"https://mybinder.org/v2/gh/{repo}/{ref}?urlpath=lab/tree/{folder}/{lesson}"
 
 
-def badge_row(lesson: str, repo: str = REPO, ref: str = REF) -> str:
-    """Markdown for a lesson's badges.
+def badge_row(lesson: str, repo: str = REPO, ref: str = REF, folder: str = "lessons") -> str:
+    """Markdown for a lesson's badges; folder is where the notebook sits in the repository.
 
     Example:
         >>> badge_row("00_devices.ipynb", "me/course", "v1").count("](https://")
         4
     """
     return (
-        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({colab_url(lesson, repo, ref)}) "
-        f"[![Launch Binder](https://mybinder.org/badge_logo.svg)]({binder_url(lesson, repo, ref)})"
+        "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+        f"({colab_url(lesson, repo, ref, folder)}) "
+        f"[![Launch Binder](https://mybinder.org/badge_logo.svg)]({binder_url(lesson, repo, ref, folder)})"
     )
 
 
@@ -80,9 +105,10 @@ def install_cell(repo: str = REPO, ref: str = REF) -> str:
     )
 
 
-def configure_notebook(nb, lesson: str, repo: str = REPO, ref: str = REF) -> bool:  # noqa: ANN001
+def configure_notebook(nb, lesson: str, repo: str = REPO, ref: str = REF,  # noqa: ANN001
+                       folder: str = "lessons") -> bool:
     """Rewrite a notebook's badge and install cells; return True if anything changed."""
-    wanted = {"badges": badge_row(lesson, repo, ref), "colab-install": install_cell(repo, ref)}
+    wanted = {"badges": badge_row(lesson, repo, ref, folder), "colab-install": install_cell(repo, ref)}
     changed = False
     for cell in nb.cells:
         role = cell.get("metadata", {}).get(CELL_ROLE)
@@ -100,16 +126,25 @@ def lesson_table(repo: str = REPO, ref: str = REF) -> str:
     return "\n".join(lines)
 
 
-def configure(lessons_dir: Path, repo: str = REPO, ref: str = REF, readme: Path | None = None) -> list[Path]:
-    """Point every lesson in lessons_dir (and the README's table) at repo@ref; return changed files."""
+def configure(lessons_dir: Path, repo: str = REPO, ref: str = REF, readme: Path | None = None,
+              folder: str = "lessons") -> list[Path]:
+    """Point every lesson in lessons_dir (and the README's table) at repo@ref; return changed files.
+
+    folder is where lessons_dir sits inside the repository, as the badges' links need it.
+    Lessons missing from lessons_dir are skipped, so a folder of a few student copies works too.
+    """
     import nbformat
 
     check_slug(repo)
+    check_ref(ref)
+    check_folder(folder)
     changed = []
     for file, _ in LESSONS:
         path = lessons_dir / file
+        if not path.exists():
+            continue
         nb = nbformat.read(path, as_version=4)
-        if configure_notebook(nb, file, repo, ref):
+        if configure_notebook(nb, file, repo, ref, folder):
             nbformat.write(nb, path)
             changed.append(path)
     if readme is not None and readme.exists():
@@ -120,6 +155,23 @@ def configure(lessons_dir: Path, repo: str = REPO, ref: str = REF, readme: Path 
             readme.write_text(new, encoding="utf-8")
             changed.append(readme)
     return changed
+
+
+def shipped_folder(name: str) -> Path:
+    """The course folder ("lessons" or "examples") that ships with this installation of mgpu_edu.
+
+    A wheel carries it inside the package; a source checkout (or an editable install) keeps it
+    beside the package. Raises FileNotFoundError, saying how to get it, when neither exists.
+    """
+    package = Path(__file__).resolve().parent
+    for candidate in (package / name, package.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"this installation of mgpu_edu ({package}) has no {name!r} folder. Reinstall it from the "
+        "course repository: pip install 'mgpu-edu[cpu] @ git+https://github.com/"
+        f"{REPO}@{REF}'"
+    )
 
 
 if __name__ == "__main__":  # python -m mgpu_edu.course: refresh badges from REPO and REF

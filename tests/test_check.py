@@ -113,3 +113,20 @@ def test_replica_loss(answer, status_, hint):
                                                  (None, "unsolved")])
 def test_python_runs(answer, status_):
     assert check.python_runs(answer, replicas=8).status == status_
+
+
+def test_function_stubs_are_unsolved_and_forgotten_returns_are_explained(capsys):
+    def shard_stub(batch, n):
+        return ...
+
+    def combine_stub(sums, counts):
+        return ...
+
+    def forgot_return(sums, counts):
+        sum(sums) / sum(counts)
+
+    assert check.shard_sizes_function(shard_stub).status == "unsolved"
+    assert check.combine_function(combine_stub).status == "unsolved"
+    assert "forget the `return`" in check.combine_function(forgot_return).message
+    assert "no parentheses" in check.combine_function(2.0).message
+    assert "no parentheses" in check.shard_sizes_function([3, 3]).message

@@ -1,0 +1,7 @@
+"""``python -m mgpu_edu``: the same as the ``mgpu-edu`` command."""
+
+import sys
+
+from mgpu_edu.cli import main
+
+sys.exit(main())

@@ -1,0 +1,223 @@
+"""The ``mgpu-edu`` command: get the lessons, point them at a fork, make student versions, grade, diagnose.
+
+Run ``mgpu-edu --help`` or ``mgpu-edu COMMAND --help``. Only ``doctor`` imports TensorFlow
+(for its TensorFlow line); everything else starts instantly and works without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+EXAMPLES = """\
+examples:
+  mgpu-edu lessons my-lessons                      copy the lessons here, then: jupyter lab my-lessons
+  mgpu-edu badges --repo my-school/mgpu_edu --ref fall-2027
+  mgpu-edu student lessons student                 student versions: solutions stubbed, outputs cleared
+  mgpu-edu grade handed-in/*.ipynb --csv grades.csv
+  mgpu-edu doctor                                  what works on this machine, and fixes
+"""
+
+
+class CommandError(Exception):
+    """A bad input or situation, reported as one line on stderr with exit status 2."""
+
+
+def _lessons(args: argparse.Namespace) -> int:
+    from mgpu_edu.course import shipped_folder
+
+    source = shipped_folder("lessons")
+    target = Path(args.dir)
+    if target.exists() and not target.is_dir():
+        raise CommandError(f"{args.dir!r} exists and is not a folder. Give a folder to copy the lessons into.")
+    notebooks = sorted(source.glob("*.ipynb"))
+    changed = [target / p.name for p in notebooks
+               if (target / p.name).exists() and (target / p.name).read_bytes() != p.read_bytes()]
+    if changed and not args.force:
+        names = ", ".join(p.name for p in changed)
+        raise CommandError(f"{len(changed)} lesson(s) in {args.dir!r} differ from the shipped ones ({names}); "
+                           "they may hold your work. Pass --force to overwrite them, or choose another folder.")
+    target.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for path in notebooks:
+        destination = target / path.name
+        if not destination.exists() or destination.read_bytes() != path.read_bytes():
+            destination.write_bytes(path.read_bytes())
+            copied += 1
+    print(f"{copied} lesson(s) copied to {target} ({len(notebooks) - copied} already up to date).")
+    print(f"Open them with: jupyter lab {target}")
+    return 0
+
+
+def _repository_folder(lessons: Path) -> tuple[str, Path | None]:
+    """Where lessons sits in its git repository (for the badge links), and that repository's root."""
+    resolved = lessons.resolve()
+    for root in (resolved, *resolved.parents):
+        if (root / ".git").exists():
+            return resolved.relative_to(root).as_posix() or ".", root
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix(), None
+    except ValueError:
+        return resolved.name, None
+
+
+def _badges(args: argparse.Namespace) -> int:
+    from mgpu_edu import course
+
+    course.check_slug(args.repo)
+    course.check_ref(args.ref)
+    lessons = Path(args.lessons)
+    if not lessons.is_dir() or not any((lessons / file).exists() for file, _ in course.LESSONS):
+        raise CommandError(f"{args.lessons!r} holds none of the course's lessons ({course.LESSONS[0][0]}, ...). "
+                           "Run this in the root of your fork, or pass --lessons FOLDER.")
+    folder, root = _repository_folder(lessons)
+    readme = (root or Path.cwd()) / "README.md" if folder == "lessons" else None
+    changed = course.configure(lessons, args.repo, args.ref, readme=readme, folder=course.check_folder(folder))
+    for path in changed:
+        print(f"updated {path}")
+    where = f"{args.repo}@{args.ref}"
+    print(f"{len(changed)} file(s) changed; badges and Colab installs point at {where}, folder {folder}/."
+          if changed else f"Nothing to change: every lesson already points at {where}, folder {folder}/.")
+    if changed and args.ref == course.REF:
+        print(f"Tip: give your fork its own --ref (e.g. fall-2027). Its {course.REF} tag still holds the original "
+              "lessons, so Colab would open those.")
+    elif changed:
+        print(f"Next: commit, then make {args.ref!r} exist on GitHub (git tag {args.ref} && git push origin "
+              f"{args.ref}, or push the branch): Colab installs and opens that ref.")
+    return 0
+
+
+def _student(args: argparse.Namespace) -> int:
+    from mgpu_edu.assignments import write_student_versions
+
+    written = write_student_versions(Path(args.src), Path(args.dst), force=args.force)
+    for path in written:
+        print(f"wrote {path}")
+    print(f"{len(written)} student version(s) in {args.dst}: solutions replaced by stubs, outputs cleared, "
+          "checks kept.")
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from mgpu_edu.assignments import grade
+
+    results = []
+    for notebook in args.notebooks:
+        print(f"grading {notebook} ...", file=sys.stderr, flush=True)
+        results += grade(Path(notebook), execute=not args.no_execute, timeout=args.timeout)
+    width = max([len(r.notebook) for r in results] + [8])
+    print(f"{'notebook':<{width}}  ex  {'check':<22}  {'status':<9}  feedback")
+    for r in results:
+        print(f"{r.notebook:<{width}}  {r.exercise:>2}  {r.check:<22}  {r.status:<9}  {r.message}")
+    for notebook in dict.fromkeys(r.notebook for r in results):
+        mine = [r for r in results if r.notebook == notebook]
+        print(f"{notebook}: {sum(r.status == 'correct' for r in mine)}/{len(mine)} correct")
+    if args.csv:
+        import csv
+
+        with open(args.csv, "w", newline="", encoding="utf-8") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["notebook", "exercise", "check", "status", "feedback"])
+            writer.writerows([r.notebook, r.exercise, r.check, r.status, r.message] for r in results)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from mgpu_edu.doctor import report
+
+    text, ready = report(tensorflow=not args.no_tensorflow)
+    print(text)
+    return 0 if ready else 1
+
+
+def _positive_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds above 0; try 600")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for ``mgpu-edu`` and its subcommands."""
+    from mgpu_edu import __version__
+    from mgpu_edu.course import REF
+
+    parser = argparse.ArgumentParser(
+        prog="mgpu-edu", description="Multi-GPU training lessons: copy them, point them at your fork, "
+        "make student versions, grade them, and check this machine.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"mgpu-edu {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    lessons = commands.add_parser("lessons", help="copy the lessons shipped with this package into a folder",
+                                  description="Copy the lesson notebooks shipped inside the installed package "
+                                  "into DIR (created if needed). Lessons already there and unchanged are left "
+                                  "alone; changed ones are never overwritten without --force.")
+    lessons.add_argument("dir", metavar="DIR", help="folder to copy the lessons into")
+    lessons.add_argument("--force", action="store_true", help="overwrite lessons in DIR that you have changed")
+    lessons.set_defaults(run=_lessons)
+
+    badges = commands.add_parser("badges", help="point the lessons' badges and Colab install at your fork",
+                                 description="Rewrite every lesson's Open-in-Colab and Launch-Binder badges and "
+                                 "its Colab install cell (and the README's lesson table when DIR is ./lessons) "
+                                 "so they point at OWNER/NAME@REF. Running it twice changes nothing.")
+    badges.add_argument("--repo", required=True, metavar="OWNER/NAME",
+                        help="your fork on GitHub, e.g. my-school/mgpu_edu")
+    badges.add_argument("--ref", default=REF,
+                        help=f"tag, branch or commit Colab installs and badges open (default {REF})")
+    badges.add_argument("--lessons", default="lessons", metavar="DIR", help="folder of lessons (default ./lessons)")
+    badges.set_defaults(run=_badges)
+
+    student = commands.add_parser("student", help="write student versions: solutions stubbed, outputs cleared",
+                                  description="Write a student version of each notebook in SRC (a notebook or a "
+                                  "folder) into the folder DST. Each '### BEGIN SOLUTION' ... '### END SOLUTION' "
+                                  "region becomes a stub that still runs, outputs are cleared, and the check "
+                                  "calls stay, so an unsolved exercise reports 'not solved yet'.")
+    student.add_argument("src", metavar="SRC", help="instructor notebook, or folder of them (e.g. lessons)")
+    student.add_argument("dst", metavar="DST", help="folder for the student versions (e.g. student)")
+    student.add_argument("--force", action="store_true", help="overwrite student versions already in DST")
+    student.set_defaults(run=_student)
+
+    grade = commands.add_parser("grade", help="run handed-in notebooks and report each exercise's check",
+                                description="Run each notebook in a fresh kernel (errors don't stop it) and "
+                                "report what every exercise check said: correct, wrong, unsolved, or error.")
+    grade.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="handed-in notebooks")
+    grade.add_argument("--no-execute", action="store_true", help="read the outputs saved in the notebooks instead")
+    grade.add_argument("--csv", metavar="FILE", help="also write the results to a CSV gradebook")
+    grade.add_argument("--timeout", type=_positive_seconds, default=600, help="seconds per cell (default 600)")
+    grade.set_defaults(run=_grade)
+
+    doctor = commands.add_parser("doctor", help="what this machine offers, what will work, and fixes",
+                                 description="Print Python, TensorFlow, Keras and ipywidgets versions, the GPUs, "
+                                 "the platform (Colab, Binder or local), what will and won't work, and fixes. "
+                                 "Exit status 1 when something the lessons need is missing.")
+    doctor.add_argument("--no-tensorflow", action="store_true", help="don't import TensorFlow (faster)")
+    doctor.set_defaults(run=_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``mgpu-edu`` with argv (default: the command line); return the exit status.
+
+    Bad inputs print one line on stderr, saying what to do, and return 2.
+
+    Example:
+        >>> main(["student", "no-such-folder", "student"])
+        2
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (CommandError, ValueError, FileNotFoundError, FileExistsError) as error:
+        print(f"mgpu-edu {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""The ``mgpu-edu`` command, run through its real console-script entry point on temporary folders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mgpu_edu import assignments, course
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ROOT / "lessons"
+EXERCISES_PER_LESSON = 2
+
+
+def entry_point() -> str:
+    """The installed console script, next to this interpreter (where pip puts it)."""
+    found = shutil.which("mgpu-edu", path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.fail("the mgpu-edu console script is not installed next to this Python: run pip install -e .")
+    return found
+
+
+def mgpu_edu(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `mgpu-edu ARGS` in cwd and return the finished process (never raises on failure)."""
+    return subprocess.run([entry_point(), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def write_notebook(path: Path, *sources: str) -> Path:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(textwrap.dedent(s)) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def code_of(path: Path) -> str:
+    return "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+
+
+# --- help and the command without TensorFlow -------------------------------------------------------
+
+@pytest.mark.parametrize("command", [[], ["lessons"], ["student"], ["badges"], ["grade"], ["doctor"]])
+def test_every_command_has_help(tmp_path, command):
+    done = mgpu_edu(*command, "--help", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: mgpu-edu")
+    if command:
+        assert f"mgpu-edu {command[0]}" in done.stdout
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    done = mgpu_edu(cwd=tmp_path)
+    assert done.returncode == 2 and "required: COMMAND" in done.stderr
+
+
+BLOCK_TENSORFLOW = '''
+import importlib.abc, importlib.metadata, sys
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "keras", "tf_keras"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+
+sys.meta_path.insert(0, NoTensorFlow())
+_version = importlib.metadata.version
+
+def version(name):
+    if name.startswith(("tensorflow", "tf-", "keras")):
+        raise importlib.metadata.PackageNotFoundError(name)
+    return _version(name)
+
+importlib.metadata.version = version
+'''
+
+
+def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW)
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    assert mgpu_edu("lessons", "L", cwd=tmp_path, env=env).returncode == 0
+    assert mgpu_edu("student", "L", "S", cwd=tmp_path, env=env).returncode == 0
+    assert mgpu_edu("badges", "--repo", "me/fork", "--ref", "x1", "--lessons", "S", cwd=tmp_path,
+                    env=env).returncode == 0
+    graded = mgpu_edu("grade", "--no-execute", str(LESSONS / "03_allreduce.ipynb"), cwd=tmp_path, env=env)
+    assert graded.returncode == 0 and "03_allreduce.ipynb: 2/2 correct" in graded.stdout
+    doctor = mgpu_edu("doctor", cwd=tmp_path, env=env)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr  # the lessons need TensorFlow
+    assert "✗ TensorFlow" in doctor.stdout and "not installed" in doctor.stdout
+    assert 'pip install "mgpu-edu[' in doctor.stdout
+    assert "ModuleNotFoundError" not in doctor.stderr
+
+
+# --- lessons ---------------------------------------------------------------------------------------
+
+def test_lessons_copies_then_protects_changes(tmp_path):
+    done = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    target = tmp_path / "my lessons"
+    assert sorted(p.name for p in target.iterdir()) == [file for file, _ in course.LESSONS]
+    assert (target / "03_allreduce.ipynb").read_bytes() == (LESSONS / "03_allreduce.ipynb").read_bytes()
+    again = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
+    assert again.returncode == 0 and "0 lesson(s) copied" in again.stdout
+
+    edited = target / "05_custom_loops.ipynb"
+    edited.write_text(edited.read_text() + " ")
+    refused = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "05_custom_loops.ipynb" in refused.stderr and "--force" in refused.stderr
+    assert edited.read_text().endswith(" ")  # the learner's work is untouched
+    forced = mgpu_edu("lessons", "my lessons", "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and "1 lesson(s) copied" in forced.stdout
+    assert edited.read_bytes() == (LESSONS / edited.name).read_bytes()
+
+
+def test_lessons_into_a_file_is_refused(tmp_path):
+    (tmp_path / "taken").write_text("not a folder")
+    done = mgpu_edu("lessons", "taken", cwd=tmp_path)
+    assert done.returncode == 2 and "'taken' exists and is not a folder" in done.stderr
+
+
+# --- student ---------------------------------------------------------------------------------------
+
+def test_student_versions_strip_solutions_clear_outputs_and_keep_checks(tmp_path):
+    done = mgpu_edu("student", str(LESSONS), "student", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for file, _ in course.LESSONS:
+        teacher, student = LESSONS / file, tmp_path / "student" / file
+        nb = nbformat.read(student, as_version=4)
+        code = code_of(student)
+        assert assignments.BEGIN not in code and assignments.END not in code
+        assert assignments.CHECK_MARKER not in code
+        assert code.count("# YOUR CODE HERE") == EXERCISES_PER_LESSON
+        checks = assignments._CHECK_CALL.findall(code)
+        assert checks == assignments._CHECK_CALL.findall(code_of(teacher)) and len(checks) == EXERCISES_PER_LESSON
+        assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
+        assert nb.metadata[assignments.STUDENT_FLAG] is True and "widgets" not in nb.metadata
+        nbformat.validate(nb)
+    shards = code_of(tmp_path / "student" / "02_data_parallel.ipynb")
+    assert "def my_shard_sizes(batch, n):\n    return ..." in shards and "divmod" not in shards
+
+
+def test_student_refuses_existing_destination_unless_forced(tmp_path):
+    lesson = LESSONS / "03_allreduce.ipynb"
+    assert mgpu_edu("student", str(lesson), "out", cwd=tmp_path).returncode == 0
+    again = mgpu_edu("student", str(lesson), "out", cwd=tmp_path)
+    assert again.returncode == 2 and "already exist" in again.stderr and "--force" in again.stderr
+    assert mgpu_edu("student", str(lesson), "out", "--force", cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing", "out"], "'missing' does not exist"),
+    (["empty", "out"], "holds no .ipynb notebooks"),
+    (["notes.txt", "out"], "is not a notebook"),
+    (["src", "src"], "would replace them"),
+    (["src", "notes.txt"], "exists and is not a folder"),
+    (["broken.ipynb", "out"], "is never closed"),
+])
+def test_student_bad_inputs(tmp_path, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "src").mkdir()
+    write_notebook(tmp_path / "src" / "a.ipynb", "x = 1")
+    write_notebook(tmp_path / "broken.ipynb", "### BEGIN SOLUTION\nanswer = 1\n")
+    done = mgpu_edu("student", *args, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert message in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_solution_stubs_keep_indentation_and_markdown_answers():
+    source = "if True:\n    ### BEGIN SOLUTION\n    a, (b, *c) = 1, (2, 3)\n    ### END SOLUTION\n    print(a)"
+    assert assignments.strip_solutions(source) == (
+        "if True:\n    # YOUR CODE HERE: replace ... with your answer.\n    a = ...\n    b = ...\n    c = ...\n"
+        "    print(a)")
+    text = "Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"
+    assert assignments.strip_solutions(text, markdown=True) == "Why?\nYOUR ANSWER HERE"
+    assert assignments.solution_stub("print('no names')") == "# YOUR CODE HERE"
+    with pytest.raises(assignments.SolutionMarkerError, match="line 2.*without"):
+        assignments.strip_solutions("x\n### END SOLUTION")
+    with pytest.raises(assignments.SolutionMarkerError, match="again before"):
+        assignments.strip_solutions("### BEGIN SOLUTION\n### BEGIN SOLUTION")
+    with pytest.raises(assignments.SolutionMarkerError, match="not valid Python"):
+        assignments.strip_solutions("### BEGIN SOLUTION\nx = (\n### END SOLUTION")
+
+
+# --- badges ----------------------------------------------------------------------------------------
+
+def make_fork(tmp_path: Path) -> Path:
+    fork = tmp_path / "fork"
+    shutil.copytree(LESSONS, fork / "lessons", ignore=shutil.ignore_patterns("_scratch"))
+    shutil.copy(ROOT / "README.md", fork / "README.md")
+    (fork / ".git").mkdir()  # enough for the command to find the repository root
+    return fork
+
+
+def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
+    fork = make_fork(tmp_path)
+    done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
+    assert done.returncode == 0, done.stderr
+    assert f"{len(course.LESSONS) + 1} file(s) changed" in done.stdout  # every lesson and the README
+    snapshot = {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
+    text = code_of(fork / "lessons" / "04_mirrored_fit.ipynb")
+    assert 'mgpu-edu @ git+https://github.com/my-school/gpu-course@fall-2027' in text
+    badges = "".join(c.source for c in nbformat.read(fork / "lessons" / "04_mirrored_fit.ipynb", 4).cells)
+    assert "github/my-school/gpu-course/blob/fall-2027/lessons/04_mirrored_fit.ipynb" in badges
+    assert "v2/gh/my-school/gpu-course/fall-2027?urlpath=lab/tree/lessons/04_mirrored_fit.ipynb" in badges
+    assert course.lesson_table("my-school/gpu-course", "fall-2027") in (fork / "README.md").read_text()
+    again = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
+    assert again.returncode == 0 and "Nothing to change" in again.stdout
+    assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
+
+
+def test_badges_for_student_versions_open_the_student_folder(tmp_path):
+    fork = make_fork(tmp_path)
+    assert mgpu_edu("student", "lessons", "student", cwd=fork).returncode == 0
+    readme = (fork / "README.md").read_bytes()
+    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "main", "--lessons", "student", cwd=fork / "lessons")
+    assert done.returncode == 2  # run from inside lessons/, ./student does not exist
+    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "main", "--lessons", "student", cwd=fork)
+    assert done.returncode == 0, done.stderr
+    cells = nbformat.read(fork / "student" / "00_devices.ipynb", 4).cells
+    assert "github/me/fork/blob/main/student/00_devices.ipynb" in "".join(c.source for c in cells)
+    assert (fork / "README.md").read_bytes() == readme  # the README lists the instructor lessons
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--repo", "not a slug"], "is not a GitHub repository slug"),
+    (["--repo", "a/b/c"], "OWNER/NAME"),
+    (["--repo", "me/fork", "--ref", "two words"], "is not a git tag, branch or commit"),
+    (["--repo", "me/fork", "--ref", "../x"], "is not a git tag, branch or commit"),
+    (["--repo", "me/fork", "--lessons", "nowhere"], "holds none of the course's lessons"),
+])
+def test_badges_bad_inputs(tmp_path, args, message):
+    fork = make_fork(tmp_path)
+    before = {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
+    done = mgpu_edu("badges", *args, cwd=fork)
+    assert done.returncode == 2 and message in done.stderr
+    assert before == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
+
+
+def test_badges_needs_a_repo(tmp_path):
+    done = mgpu_edu("badges", cwd=tmp_path)
+    assert done.returncode == 2 and "--repo" in done.stderr
+
+
+# --- grade -----------------------------------------------------------------------------------------
+
+def test_grade_runs_each_notebook_and_reports_every_check(tmp_path):
+    write_notebook(tmp_path / "alice.ipynb", "from mgpu_edu import check",
+                   "answer = 2 * (8 - 1)\nfeedback = check.ring_steps(answer, n=8)",
+                   "answer = 8\nfeedback = check.ring_steps(answer, n=8)",
+                   "answer = ...\nfeedback = check.ring_bytes(answer, n=6, nbytes=6_000_000)",
+                   "answer = 1 / 0\nfeedback = check.ring_steps(answer, n=8)",
+                   "print('the notebook went on')")
+    done = mgpu_edu("grade", "alice.ipynb", "--csv", "grades.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "alice.ipynb: 1/4 correct" in done.stdout
+    rows = (tmp_path / "grades.csv").read_text().splitlines()
+    assert rows[0] == "notebook,exercise,check,status,feedback"
+    statuses = [row.split(",")[3] for row in rows[1:]]
+    assert statuses == ["correct", "wrong", "unsolved", "error"]
+    assert "ZeroDivisionError" in rows[4]
+    handed_in = nbformat.read(tmp_path / "alice.ipynb", as_version=4)
+    assert all(not cell.outputs for cell in handed_in.cells)  # grading doesn't rewrite the student's file
+
+
+def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):
+    done = mgpu_edu("grade", "--no-execute", str(LESSONS / "06_model_parallel.ipynb"), cwd=tmp_path)
+    assert done.returncode == 0 and "06_model_parallel.ipynb: 2/2 correct" in done.stdout
+    missing = mgpu_edu("grade", "nope.ipynb", cwd=tmp_path)
+    assert missing.returncode == 2 and "'nope.ipynb' does not exist" in missing.stderr
+    bad = mgpu_edu("grade", "--timeout", "soon", "x.ipynb", cwd=tmp_path)
+    assert bad.returncode == 2 and "'soon' is not a whole number of seconds" in bad.stderr
+
+
+# --- doctor ----------------------------------------------------------------------------------------
+
+def test_doctor_reports_this_machine(tmp_path):
+    done = mgpu_edu("doctor", cwd=tmp_path, env={"MGPU_EDU_PLATFORM": "binder"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    for name in ("Platform", "Python", "TensorFlow", "TensorFlow GPUs", "Keras", "ipywidgets", "GPUs (nvidia-smi)"):
+        assert f" {name} " in out, name
+    assert "Binder" in out and "What will work here:" in out
+    import tensorflow as tf
+
+    assert tf.__version__ in out
+    if not tf.config.list_physical_devices("GPU"):
+        assert "logical CPUs" in out and "NcclAllReduce (lesson 03) needs real GPUs" in out
