@@ -74,6 +74,9 @@ def _badges(args: argparse.Namespace) -> int:
     folder, root = _repository_folder(lessons)
     readme = (root or Path.cwd()) / "README.md" if folder == "lessons" else None
     changed = course.configure(lessons, args.repo, args.ref, readme=readme, folder=course.check_folder(folder))
+    source = (root or Path.cwd()) / "mgpu_edu" / "course.py"
+    if readme is not None and source.is_file() and course.set_defaults(source, args.repo, args.ref):
+        changed.append(source)  # so the fork's tests and `make lessons` agree with its badges
     for path in changed:
         print(f"updated {path}")
     where = f"{args.repo}@{args.ref}"
@@ -164,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     badges = commands.add_parser("badges", help="point the lessons' badges and Colab install at your fork",
                                  description="Rewrite every lesson's Open-in-Colab and Launch-Binder badges and "
-                                 "its Colab install cell (and the README's lesson table when DIR is ./lessons) "
-                                 "so they point at OWNER/NAME@REF. Running it twice changes nothing.")
+                                 "its Colab install cell so they point at OWNER/NAME@REF. When DIR is the "
+                                 "repository's lessons folder it also updates the README's lesson table and "
+                                 "REPO/REF in mgpu_edu/course.py. Running it twice changes nothing.")
     badges.add_argument("--repo", required=True, metavar="OWNER/NAME",
                         help="your fork on GitHub, e.g. my-school/mgpu_edu")
     badges.add_argument("--ref", default=REF,

@@ -157,6 +157,22 @@ def configure(lessons_dir: Path, repo: str = REPO, ref: str = REF, readme: Path 
     return changed
 
 
+def set_defaults(course_file: Path, repo: str, ref: str) -> bool:
+    """Rewrite ``REPO`` and ``REF`` in a fork's copy of this file; return True if it changed.
+
+    ``mgpu-edu badges`` calls it so that a fork's tests and ``make lessons`` agree with its badges.
+    """
+    check_slug(repo)
+    check_ref(ref)
+    text = course_file.read_text(encoding="utf-8")
+    new = re.sub(r'^REPO = ".*"$', f'REPO = "{repo}"', text, count=1, flags=re.M)
+    new = re.sub(r'^REF = ".*"$', f'REF = "{ref}"', new, count=1, flags=re.M)
+    if new == text:
+        return False
+    course_file.write_text(new, encoding="utf-8")
+    return True
+
+
 def shipped_folder(name: str) -> Path:
     """The course folder ("lessons" or "examples") that ships with this installation of mgpu_edu.
 

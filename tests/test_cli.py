@@ -196,6 +196,8 @@ def make_fork(tmp_path: Path) -> Path:
     fork = tmp_path / "fork"
     shutil.copytree(LESSONS, fork / "lessons", ignore=shutil.ignore_patterns("_scratch"))
     shutil.copy(ROOT / "README.md", fork / "README.md")
+    (fork / "mgpu_edu").mkdir()
+    shutil.copy(ROOT / "mgpu_edu" / "course.py", fork / "mgpu_edu" / "course.py")
     (fork / ".git").mkdir()  # enough for the command to find the repository root
     return fork
 
@@ -204,7 +206,9 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
     assert done.returncode == 0, done.stderr
-    assert f"{len(course.LESSONS) + 1} file(s) changed" in done.stdout  # every lesson and the README
+    assert f"{len(course.LESSONS) + 2} file(s) changed" in done.stdout  # every lesson, README, course.py
+    source = (fork / "mgpu_edu" / "course.py").read_text()
+    assert 'REPO = "my-school/gpu-course"' in source and 'REF = "fall-2027"' in source
     snapshot = {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
     text = code_of(fork / "lessons" / "04_mirrored_fit.ipynb")
     assert 'mgpu-edu @ git+https://github.com/my-school/gpu-course@fall-2027' in text
