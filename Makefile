@@ -1,4 +1,5 @@
 # Two commands for a fresh clone (see README):  make lab   and   make test
+# (make test-main is the quick loop: the main environment only.)
 # Everything installs into ./.venv; nothing outside the clone is touched.
 #   make lab FLAVOUR=gpu   on a Linux machine with an NVIDIA GPU (TensorFlow with CUDA)
 PYTHON  ?= python3
@@ -7,7 +8,7 @@ FLAVOUR ?= cpu
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab test lint lessons chromium
+.PHONY: setup lab test test-main test-colab test-binder test-py310 budgets lint lessons chromium
 
 setup: $(STAMP)
 
@@ -22,10 +23,28 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) lessons/
 
-# Lint, unit tests, every lesson under nbval, and the browser test (needs Debian's chromium).
-test: setup chromium
+# Every test, in every environment the course promises (what CI runs; about 30 minutes on 2 cores).
+test: test-main test-colab test-binder test-py310 budgets
+
+# Main environment (current releases): lint, unit tests, every lesson under nbval, the browser
+# test (needs Debian's chromium). Everything runs with the network blocked (see conftest.py).
+test-main: setup chromium
 	$(BIN)/ruff check .
 	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
+
+# Colab-like (Python 3.13, TF 2.20, Keras 3.13, ipywidgets 7.7.1: .ci/colab-constraints.txt),
+# Binder-like (binder/, with each lesson kernel's peak memory), and Python 3.10's unit tests;
+# each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-py310).
+test-colab:
+	.ci/env-colab
+test-binder:
+	.ci/env-binder
+test-py310: chromium
+	CHROMIUM=$(CHROMIUM) .ci/env-py310
+
+# Time and memory of every lesson, and import time, into benchmarks/results.md (--readme: README too).
+budgets: setup
+	$(BIN)/python benchmarks/budgets.py
 
 # The browser test drives Debian's chromium package (Playwright's browser downloads are not used).
 CHROMIUM ?= /usr/bin/chromium

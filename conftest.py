@@ -1,9 +1,36 @@
 """pytest set-up shared by the unit tests and nbval's lesson runs."""
 
+import importlib.util
 import os
+import subprocess
+import tempfile
+from pathlib import Path
 
 # The banner says where it runs; CI and nbval runs count as a local machine.
 os.environ.setdefault("MGPU_EDU_PLATFORM", "local")
+
+# Every test, lesson kernel and worker process runs offline: tests/offline/sitecustomize.py
+# blocks the network for each Python process started from here, and logs what it blocked.
+OFFLINE_GUARD = Path(__file__).resolve().parent / "tests" / "offline"
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(OFFLINE_GUARD), os.environ.get("PYTHONPATH")) if p)
+NETWORK_LOG = Path(tempfile.mkstemp(prefix="mgpu-edu-network-", suffix=".log")[1])
+os.environ["MGPU_EDU_NETWORK_LOG"] = str(NETWORK_LOG)
+_spec = importlib.util.spec_from_file_location("mgpu_edu_offline_guard", OFFLINE_GUARD / "sitecustomize.py")
+_spec.loader.exec_module(importlib.util.module_from_spec(_spec))  # and pytest itself
+
+
+def _untracked() -> set[str] | None:
+    """Files git doesn't track and doesn't ignore, or None outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {line[3:] for line in done.stdout.splitlines() if line.startswith("??")}
+
+
+ROOT = Path(__file__).resolve().parent
+UNTRACKED_AT_START = _untracked()
 
 
 def pytest_collectstart(collector):
@@ -11,3 +38,38 @@ def pytest_collectstart(collector):
     under nbval than in JupyterLab. stdout and rich outputs of checked cells still count."""
     if hasattr(collector, "skip_compare"):  # nbval's notebook collector
         collector.skip_compare = (*collector.skip_compare, "stderr")
+
+
+def _leftover_processes(grace_s: float = 10.0) -> list[str]:
+    """Processes this run started that are still alive after a grace period; they are then killed."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    described = []
+    for proc in alive:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:200]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    return described
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run if it touched the network, left files in the checkout or left processes running.
+
+    Lessons and tests may write only to temporary folders and git-ignored ones (lessons/_scratch).
+    """
+    problems = []
+    attempts = NETWORK_LOG.read_text(encoding="utf-8").splitlines() if NETWORK_LOG.exists() else []
+    NETWORK_LOG.unlink(missing_ok=True)
+    problems += [f"network access attempted (pid, command, address): {line}" for line in attempts]
+    after = _untracked()
+    if UNTRACKED_AT_START is not None and after is not None:
+        problems += [f"left a file in the checkout: {name}" for name in sorted(after - UNTRACKED_AT_START)]
+    problems += [f"left a process running: {proc}" for proc in _leftover_processes()]
+    if problems:
+        print("\nThis run was not offline and clean:")
+        print("\n".join(f"  {line}" for line in problems))
+        session.exitstatus = 1

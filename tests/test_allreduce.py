@@ -129,6 +129,7 @@ def test_agrees_with_tensorflow_reductions(four_devices):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
+@pytest.mark.widgets
 def test_stepper_widget_builds_and_steps():
     from mgpu_edu.widgets import AllReduceStepper
 

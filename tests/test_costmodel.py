@@ -63,6 +63,7 @@ def test_bad_values(change, match):
         step_time(**arguments)
 
 
+@pytest.mark.widgets
 def test_widgets_draw():
     from mgpu_edu.widgets import PipelineExplorer, ScalingSimulator
 

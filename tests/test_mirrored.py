@@ -60,6 +60,7 @@ def test_train_mirrored_really_trains(four_devices):
         mirrored.train_mirrored(lambda: None, _small_split(), replicas=5, global_batch=64, devices=four_devices)
 
 
+@pytest.mark.widgets
 def test_explorer_live_part_and_invalid_choice():
     from mgpu_edu.widgets import ReplicaBatchExplorer
 
@@ -79,6 +80,7 @@ def test_explorer_live_part_and_invalid_choice():
     assert not explorer.train_button.disabled and "uneven" in explorer.numbers.value
 
 
+@pytest.mark.widgets
 def test_explorer_trains_adds_rows_and_ignores_second_click(four_devices):
     from mgpu_edu.widgets import ReplicaBatchExplorer
 
