@@ -40,7 +40,7 @@ def pytest_collectstart(collector):
         collector.skip_compare = (*collector.skip_compare, "stderr")
 
 
-def _leftover_processes(grace_s: float = 10.0) -> list[str]:
+def _leftover_processes(grace_s: float = 5.0) -> list[str]:
     """Processes this run started that are still alive after a grace period; they are then killed."""
     import psutil
 

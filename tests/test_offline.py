@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -68,3 +69,34 @@ def test_the_test_process_itself_is_guarded(private_log):
     with pytest.raises(OSError, match="offline guard"):
         urllib.request.urlopen("https://pypi.org/simple/", timeout=5)
     assert "pypi.org" in private_log.read_text()
+
+
+DIRTY_TEST = '''
+import socket, subprocess, sys
+from pathlib import Path
+
+def test_dirty():
+    Path("left-behind.txt").write_text("a lesson should not write here")
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        socket.create_connection(("example.org", 80), timeout=5)
+    except OSError:
+        pass  # caught: the run must fail anyway
+'''
+
+
+def test_a_run_that_leaves_files_processes_or_touches_the_network_fails(tmp_path):
+    root = Path(__file__).resolve().parents[1]
+    shutil.copy(root / "conftest.py", tmp_path / "conftest.py")
+    shutil.copytree(root / "tests" / "offline", tmp_path / "tests" / "offline",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "test_dirty.py").write_text(DIRTY_TEST)
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MGPU_EDU_NETWORK_LOG")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_dirty.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 1, done.stdout
+    assert "1 passed" in done.stdout and "This run was not offline and clean" in done.stdout
+    assert "network access attempted" in done.stdout and "example.org" in done.stdout
+    assert "left a file in the checkout: left-behind.txt" in done.stdout
+    assert "left a process running" in done.stdout and "time.sleep(120)" in done.stdout
