@@ -318,7 +318,7 @@ def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
         return _report("wrong", f"expected a whole number of micro-batches, got {answer!r}.")
     expected = micro_batches_for_bubble(stages, target)
     if answer == expected:
-        return _report("correct", f"M = {expected}: bubble {bubble_fraction(stages, expected):.1%}. More micro-batches "
+        return _report("correct", f"M = {expected}: bubble {bubble_fraction(stages, expected):.2%}. More micro-batches "
                                   "shrink the bubble, but each is smaller, so a device does less per launch.")
     if bubble_fraction(stages, answer) == target:
         return _report("wrong", f"M = {answer} gives exactly {target:.0%}: you need *under* it. One more.")

@@ -24,6 +24,22 @@ class CommandError(Exception):
     """A bad input or situation, reported as one line on stderr with exit status 2."""
 
 
+def _require(command: str, *modules: str) -> None:
+    """Raise CommandError naming the missing modules, and the extra that brings them, before any work."""
+    import importlib.util
+
+    def present(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ImportError:  # a broken installation counts as missing
+            return False
+
+    missing = [name for name in modules if not present(name)]
+    if missing:
+        raise CommandError(f"{command} needs {', '.join(missing)}, which this Python lacks. Install them with: "
+                           "pip install \"mgpu-edu[instructor]\" (JupyterLab brings them too)")
+
+
 def _lessons(args: argparse.Namespace) -> int:
     from mgpu_edu.course import shipped_folder
 
@@ -65,6 +81,7 @@ def _repository_folder(lessons: Path) -> tuple[str, Path | None]:
 def _badges(args: argparse.Namespace) -> int:
     from mgpu_edu import course
 
+    _require("badges", "nbformat")
     course.check_slug(args.repo)
     course.check_ref(args.ref)
     lessons = Path(args.lessons)
@@ -94,6 +111,8 @@ def _badges(args: argparse.Namespace) -> int:
 def _student(args: argparse.Namespace) -> int:
     from mgpu_edu.assignments import write_student_versions
 
+    _require("student", "nbformat", "nbconvert")
+
     written = write_student_versions(Path(args.src), Path(args.dst), force=args.force)
     for path in written:
         print(f"wrote {path}")
@@ -105,6 +124,7 @@ def _student(args: argparse.Namespace) -> int:
 def _grade(args: argparse.Namespace) -> int:
     from mgpu_edu.assignments import grade
 
+    _require("grade", "nbformat", *(() if args.no_execute else ("nbclient", "ipykernel")))
     results = []
     for notebook in args.notebooks:
         print(f"grading {notebook} ...", file=sys.stderr, flush=True)

@@ -73,7 +73,7 @@ def test_combine_function_dividing_by_an_empty_tower():
 
 
 @pytest.mark.parametrize(("answer", "status_", "hint"), [
-    (28, "correct", "bubble 9.7%"), (27, "wrong", "exactly 10%"), (40, "wrong", "isn't the fewest"),
+    (28, "correct", "bubble 9.68%"), (27, "wrong", "exactly 10%"), (40, "wrong", "isn't the fewest"),
     (8, "wrong", "leaves a bubble of 27.3%"), (0, "wrong", "whole number"), (None, "unsolved", "micro-batches")])
 def test_micro_batches(answer, status_, hint):
     feedback = check.micro_batches(answer, stages=4, target=0.10)

@@ -97,6 +97,18 @@ def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_pat
     assert "ModuleNotFoundError" not in doctor.stderr
 
 
+def test_missing_notebook_tools_name_the_extra(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW.replace(
+        '("tensorflow", "keras", "tf_keras")', '("tensorflow", "keras", "tf_keras", "nbconvert", "nbclient")'))
+    env = {"PYTHONPATH": str(tmp_path / "site")}
+    for args in (["student", str(LESSONS), "out"], ["grade", "x.ipynb"]):
+        done = mgpu_edu(*args, cwd=tmp_path, env=env)
+        assert done.returncode == 2, done.stderr
+        assert 'pip install "mgpu-edu[instructor]"' in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 # --- lessons ---------------------------------------------------------------------------------------
 
 def test_lessons_copies_then_protects_changes(tmp_path):

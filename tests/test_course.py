@@ -99,3 +99,19 @@ def test_lessons_ship_inside_the_wheel():
     include = config["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
     assert include["lessons"] == "mgpu_edu/lessons"
     assert "tensorflow" not in " ".join(config["project"]["dependencies"])
+
+
+def test_instructors_guide_quotes_the_measured_times():
+    """docs/instructors.md's CPU times are the latest budget run's (benchmarks/results.json)."""
+    import json
+
+    measured = {row["lesson"][:2]: row["seconds"] for row in
+                json.loads((ROOT / "benchmarks" / "results.json").read_text())["lessons"]}
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    table = dict(re.findall(r"^\| (0\d) \|[^|]+\|[^|]+\| ([\d.]+) s \|", guide, flags=re.M))
+    sections = dict(re.findall(r"^### (0\d) · .*?CPU \(measured\) ([\d.]+) s", guide, flags=re.M | re.S))
+    expected = {k: f"{v:.1f}" for k, v in measured.items()}
+    assert table == expected
+    assert sections == expected
+    assert f"**{sum(measured.values()):.1f} s**" in guide
+    assert {f"0{i}" for i in range(9)} == set(measured)
