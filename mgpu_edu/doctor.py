@@ -107,7 +107,7 @@ def _tensorflow_findings(environment: _env.Environment, import_tf: bool) -> list
     return findings
 
 
-def _package_findings() -> list[Finding]:
+def _package_findings(environment: _env.Environment) -> list[Finding]:
     findings = []
     keras = version_of("keras")
     if keras is None or _release(keras[1]) < (3, 0):
@@ -121,6 +121,8 @@ def _package_findings() -> list[Finding]:
         findings.append(Finding("ipywidgets", widgets[1] if widgets else "not installed", False,
                                 'the explorers need ipywidgets 7.7 or 8: pip install "ipywidgets>=7.7,<9" '
                                 "(on Colab keep the 7.7.1 it ships)"))
+    elif environment.platform == "colab" and _release(widgets[1]) < (8, 0):
+        findings.append(Finding("ipywidgets", f"{widgets[1]} (Colab's own; keep it: upgrading forces a restart)"))
     elif _release(widgets[1]) < (8, 0) and lab is not None and _release(lab[1]) >= (4, 0):
         findings.append(Finding("ipywidgets", widgets[1], None,
                                 f"JupyterLab {lab[1]} shows widgets only with ipywidgets 8: "
@@ -163,7 +165,7 @@ def diagnose(tensorflow: bool = True) -> list[Finding]:
     environment = _env.detect_environment()
     findings = [Finding("Platform", environment.label), _python_finding(), Finding("mgpu_edu", __version__)]
     findings += _tensorflow_findings(environment, tensorflow)
-    findings += _package_findings()
+    findings += _package_findings(environment)
     findings.append(_gpu_finding(environment))
     return findings
 

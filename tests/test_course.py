@@ -89,16 +89,41 @@ def test_binder_files():
     assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
 
 
-def test_lessons_ship_inside_the_wheel():
+def test_the_wheel_ships_the_lessons_and_worker_scripts_and_nothing_else(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
 
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    include = config["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    assert include["lessons"] == "mgpu_edu/lessons"
     assert "tensorflow" not in " ".join(config["project"]["dependencies"])
+    # a copy of the project, with what runs and editors leave in lessons/
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "hatch_build.py", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("mgpu_edu", "lessons", "examples"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "_scratch"))
+    (source / "lessons" / "_scratch").mkdir()
+    (source / "lessons" / "_scratch" / "events.log").write_text("a run's output")
+    (source / "lessons" / ".ipynb_checkpoints").mkdir()
+    (source / "lessons" / ".ipynb_checkpoints" / "00_devices-checkpoint.ipynb").write_text("{}")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(tmp_path / "dist"), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    [wheel] = (tmp_path / "dist").glob("mgpu_edu-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = sorted(n for n in names if not n.endswith(".py") or "/examples/" in n)
+    shipped = [n for n in shipped if ".dist-info/" not in n]
+    assert shipped == sorted([f"mgpu_edu/lessons/{file}" for file, _ in course.LESSONS]
+                             + ["mgpu_edu/examples/multi_worker_train.py", "mgpu_edu/examples/parameter_server.py"])
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "mgpu-edu = mgpu_edu.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_instructors_guide_quotes_the_measured_times():
