@@ -255,21 +255,25 @@ def exercise_results(nb: Any, name: str) -> list[ExerciseResult]:
     return results
 
 
+def _read_handed_in(path: Path) -> Any:
+    import nbformat
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{str(path)!r} does not exist. Give the notebooks to grade, "
+                                "for example: mgpu-edu grade submissions/*.ipynb")
+    return nbformat.read(path, as_version=4)
+
+
 def run_notebook(path: Path, timeout: int = 600) -> Any:
     """Run a notebook top to bottom in a fresh kernel, in its own folder; return the executed notebook.
 
     Errors don't stop the run: they are kept as error outputs of the cells that raised.
     """
-    import nbformat
     from nbclient import NotebookClient
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist. Give the notebooks to grade, "
-                                "for example: mgpu-edu grade submissions/*.ipynb")
-    nb = nbformat.read(path, as_version=4)
+    nb = _read_handed_in(path)
     NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+                   resources={"metadata": {"path": str(Path(path).parent)}}).execute()
     return nb
 
 
@@ -278,11 +282,5 @@ def grade(path: Path, execute: bool = True, timeout: int = 600) -> list[Exercise
 
     Errors in the student's cells don't stop the run; the exercise they break is graded "error".
     """
-    import nbformat
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist. Give the notebooks to grade, "
-                                "for example: mgpu-edu grade submissions/*.ipynb")
-    nb = run_notebook(path, timeout) if execute else nbformat.read(path, as_version=4)
-    return exercise_results(nb, path.name)
+    nb = run_notebook(path, timeout) if execute else _read_handed_in(path)
+    return exercise_results(nb, Path(path).name)
