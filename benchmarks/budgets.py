@@ -5,7 +5,8 @@ Usage (from the repository root, inside the dev environment):
     python benchmarks/budgets.py                 # every lesson
     python benchmarks/budgets.py 00 03           # some lessons
     python benchmarks/budgets.py --out FILE.md   # where the table goes (default benchmarks/results.md)
-    python benchmarks/budgets.py --readme        # also refresh the README's budget table
+    python benchmarks/budgets.py --readme        # also refresh the README's table and the times
+                                                 # quoted in docs/instructors.md
     python benchmarks/budgets.py --label "Binder-like (binder/)" --out benchmarks/results-binder.md
 
 Each lesson runs under ``pytest --nbval-lax`` in its own process, so in a fresh kernel. While it
@@ -122,6 +123,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def refresh_guide(rows: list[dict], guide: Path = ROOT / "docs" / "instructors.md") -> None:
+    """Write the measured times into the course guide's table and its per-lesson "Run time" lines."""
+    text = guide.read_text(encoding="utf-8")
+    for row in rows:
+        number = row["lesson"][:2]
+        text = re.sub(rf"^(\| {number} \|[^|]+\|[^|]+\| )[\d.]+( s \|)",
+                      lambda m, r=row: f"{m.group(1)}{r['seconds']:.1f}{m.group(2)}", text, flags=re.M)
+        text = re.sub(rf"^(### {number} · (?:(?!^### ).)*?CPU \(measured\) )[\d.]+( s)",
+                      lambda m, r=row: f"{m.group(1)}{r['seconds']:.1f}{m.group(2)}", text, flags=re.M | re.S)
+    text = re.sub(r"(\| \*\*whole course\*\* \|[^|]+\|[^|]+\| )\*\*[\d.]+ s\*\*",
+                  lambda m: f"{m.group(1)}**{sum(r['seconds'] for r in rows):.1f} s**", text)
+    guide.write_text(text, encoding="utf-8")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lessons", nargs="*", help="lesson numbers (e.g. 00 03); default all")
@@ -162,6 +177,8 @@ def main() -> int:
         new = re.sub(r"(<!-- budgets:start -->).*?(<!-- budgets:end -->)",
                      lambda m: f"{m.group(1)}\n{body}\n{m.group(2)}", old, flags=re.S)
         readme.write_text(new, encoding="utf-8")
+        if len(rows) == len(list((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))):
+            refresh_guide(rows)
     failures = [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
     failures += [f"{r['lesson']}: kernel peak {r['kernel_mb']} MB > {KERNEL_BUDGET_MB:.0f} MB"
                  for r in rows if r["kernel_mb"] > KERNEL_BUDGET_MB]
