@@ -49,7 +49,12 @@ _REF = re.compile(r"^(?!.*\.\.)(?!/)(?!.*/$)[A-Za-z0-9._/+-]{1,200}$")
 
 
 def check_ref(ref: str) -> str:
-    """Return ref if it can name a git tag, branch or commit, else raise ValueError saying why."""
+    """Return ref if it can name a git tag, branch or commit, else raise ValueError saying why.
+
+    Example:
+        >>> check_ref("fall-2027")
+        'fall-2027'
+    """
     if not isinstance(ref, str) or not _REF.match(ref) or ref.endswith(".lock"):
         raise ValueError(
             f"{ref!r} is not a git tag, branch or commit. Use letters, digits and . _ - / +, "
@@ -59,7 +64,12 @@ def check_ref(ref: str) -> str:
 
 
 def check_folder(folder: str) -> str:
-    """Return a repository-relative folder like "lessons" or "course/student", else raise ValueError."""
+    """Return a repository-relative folder like "lessons" or "course/student", else raise ValueError.
+
+    Example:
+        >>> check_folder("course/student")
+        'course/student'
+    """
     parts = folder.split("/") if isinstance(folder, str) else [""]
     if not all(part and part not in (".", "..") and re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in parts):
         raise ValueError(
