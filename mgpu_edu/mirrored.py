@@ -157,9 +157,12 @@ def train_mirrored(build_model: Callable[[], Any], split: Any, replicas: int, gl
     ``split`` holds x_train, y_train, x_test, y_test. The optimizer is SGD with momentum 0.9
     at ``learning_rate``; the loss is sparse cross-entropy on logits. ``on_batch(done,
     total)`` is called after every step (for a progress bar). seconds_per_epoch is measured
-    in steady state: the mean time of every step after the first (which builds the graph),
-    times the steps per epoch; with a single step it is that step, graph building included.
-    On logical CPUs the replicas share the cores: expect no speed-up.
+    in steady state: the mean time of the steps that are not the first of their epoch, times
+    the steps per epoch. The first step of the first epoch builds the graph, and the first of
+    every later epoch restarts the input iterator (about half a second on 2 CPU cores), so
+    neither says how fast training runs. With one step per epoch there is nothing else to
+    time, and it is the whole run. On logical CPUs the replicas share the cores: expect no
+    speed-up.
     """
     tf = quiet.import_tensorflow()
     import keras
@@ -178,29 +181,32 @@ def train_mirrored(build_model: Callable[[], Any], split: Any, replicas: int, gl
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     total = plan.steps_per_epoch * epochs
-    marks: list[float] = []  # end time of every step
+    steady: list[float] = []  # duration of every step that isn't the first of its epoch
+    clock = {"last": 0.0, "done": 0, "start": time.perf_counter()}
 
     class _Watch(keras.callbacks.Callback):
-        def on_train_begin(self, logs: Any = None) -> None:
-            marks.append(time.perf_counter())
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            clock["last"] = time.perf_counter()
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            marks.append(time.perf_counter())
+            if batch > 0:
+                steady.append(time.perf_counter() - clock["last"])
+            clock["done"] += 1
             if on_batch is not None:
-                on_batch(len(marks) - 1, total)
+                on_batch(clock["done"], total)
 
     dataset = input_pipeline(split.x_train, split.y_train, global_batch)
     history = model.fit(dataset, epochs=epochs, verbose=0, shuffle=False, callbacks=[_Watch()])
+    fit_seconds = time.perf_counter() - clock["start"]
     # Test accuracy from one eager forward pass: no second graph to build, so runs stay quick.
     logits = model(split.x_test, training=False)
     accuracy = float(tf.reduce_mean(tf.cast(tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32),
                                                      tf.cast(split.y_test, tf.int32)), tf.float32)))
-    # Steady state: leave out the first step (it builds the graph), scale up to a whole epoch.
-    steps = len(marks) - 1
-    if steps >= 2:
-        seconds = (marks[-1] - marks[1]) / (steps - 1) * plan.steps_per_epoch
+    # Steady state: each epoch's first step left out, the mean step scaled up to a whole epoch.
+    if steady:
+        seconds = sum(steady) / len(steady) * plan.steps_per_epoch
     else:
-        seconds = marks[-1] - marks[0]
+        seconds = fit_seconds / epochs
     return RunResult(replicas, global_batch, plan.per_replica, plan.steps_per_epoch, seconds,
                      len(split.x_train) / seconds, float(history.history["loss"][-1]), float(accuracy),
                      learning_rate)

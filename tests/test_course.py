@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import nbformat
@@ -140,3 +141,22 @@ def test_instructors_guide_quotes_the_measured_times():
     assert sections == expected
     assert f"**{sum(measured.values()):.1f} s**" in guide
     assert {f"0{i}" for i in range(9)} == set(measured)
+
+
+def test_budget_script_rewrites_every_time_in_the_guide(tmp_path):
+    """budgets.py --readme puts each lesson's time, and the course total, into a copy of the guide."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("budgets", ROOT / "benchmarks" / "budgets.py")
+    budgets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(budgets)
+    guide = tmp_path / "instructors.md"
+    shutil.copy(ROOT / "docs" / "instructors.md", guide)
+    rows = [{"lesson": f"0{i}_lesson.ipynb", "seconds": 1.0 + i / 10} for i in range(9)]
+    budgets.refresh_guide(rows, guide)
+    text = guide.read_text(encoding="utf-8")
+    assert dict(re.findall(r"^\| (0\d) \|[^|]+\|[^|]+\| ([\d.]+) s \|", text, flags=re.M)) == {
+        f"0{i}": f"{1.0 + i / 10:.1f}" for i in range(9)}
+    assert re.findall(r"^### 0\d · .*?CPU \(measured\) ([\d.]+) s", text, flags=re.M | re.S) == [
+        f"{1.0 + i / 10:.1f}" for i in range(9)]
+    assert re.search(r"^\| \| \*\*whole course\*\* \|[^|]+\| \*\*12\.6 s\*\* \|", text, flags=re.M)

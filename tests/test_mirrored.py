@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 
@@ -58,6 +59,20 @@ def test_train_mirrored_really_trains(four_devices):
                                  "examples/s", "final loss", "accuracy"}
     with pytest.raises(ValueError, match="replicas=5: this kernel has 4 devices"):
         mirrored.train_mirrored(lambda: None, _small_split(), replicas=5, global_batch=64, devices=four_devices)
+
+
+def test_train_mirrored_times_only_the_steps(four_devices):
+    """Time outside the steps (here a slow progress callback) never counts towards s/epoch."""
+    progress = []
+
+    def slow_progress(done, total):
+        progress.append((done, total))
+        time.sleep(0.25)
+
+    result = mirrored.train_mirrored(lambda: models.small_cnn((8, 8, 1), 10), _small_split(), replicas=2,
+                                     global_batch=64, epochs=2, devices=four_devices, on_batch=slow_progress)
+    assert progress == [(i, 8) for i in range(1, 9)]
+    assert result.seconds_per_epoch < 0.25 * result.steps_per_epoch / 2  # 4 steps/epoch would add 1 s
 
 
 @pytest.mark.widgets
