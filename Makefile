@@ -23,7 +23,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG) lessons/
 
-# Every test, in every environment the course promises (what CI runs; about 30 minutes on 2 cores).
+# Every test, in every environment the course promises (what CI runs; 25 to 30 minutes on 2 cores).
 test: test-main test-colab test-binder test-py310 budgets
 
 # Main environment (current releases): lint, unit tests, every lesson under nbval, the browser
