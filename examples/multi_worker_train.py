@@ -5,8 +5,11 @@ Runs as is on a real cluster and on one machine:
 - **TF_CONFIG** (default): every worker gets the same cluster and its own task, e.g.
   ``{"cluster": {"worker": ["host1:12345", "host2:12345"]}, "task": {"type": "worker", "index": 0}}``.
   Kubernetes operators (TFJob) and ``mgpu_edu.cluster.LocalCluster`` set it for you.
-- **Slurm**: ``srun python multi_worker_train.py --cluster slurm`` reads the job's nodes and
-  tasks through ``tf.distribute.cluster_resolver.SlurmClusterResolver``.
+- **Slurm**, on GPU nodes: ``srun python multi_worker_train.py --cluster slurm`` reads the job's
+  nodes and tasks through ``tf.distribute.cluster_resolver.SlurmClusterResolver``. That resolver
+  counts each node's GPUs with ``nvidia-smi`` and fails on nodes without one; give
+  ``--gpus-per-node N`` to skip the count, and ``--port-base`` when two jobs share a node (every
+  job starts at port 8888 otherwise).
 
 Each worker prints one line per step and writes its final weights to ``--out``; every worker
 must end with the same weights. ``--try-fit`` first tries Keras ``fit`` under this strategy and
@@ -29,10 +32,13 @@ tf.get_logger().setLevel("ERROR")
 import keras  # noqa: E402
 
 
-def make_strategy(cluster: str) -> tf.distribute.Strategy:
-    """MultiWorkerMirroredStrategy from TF_CONFIG, or from Slurm's environment."""
+def make_strategy(cluster: str, gpus_per_node: int | None = None, port_base: int = 8888) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy from TF_CONFIG, or from Slurm's environment (GPU nodes)."""
     if cluster == "slurm":
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+        options = {"port_base": port_base}
+        if gpus_per_node is not None:
+            options["gpus_per_node"] = gpus_per_node
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(**options)
         return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     return tf.distribute.MultiWorkerMirroredStrategy()
 
@@ -44,9 +50,11 @@ def main() -> None:
     parser.add_argument("--per-worker-batch", type=int, default=32)
     parser.add_argument("--out", type=Path, default=None, help="folder for each worker's final weights")
     parser.add_argument("--try-fit", action="store_true", help="first try Keras fit under this strategy")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="Slurm: GPUs per node (else nvidia-smi)")
+    parser.add_argument("--port-base", type=int, default=8888, help="Slurm: first port of the job's workers")
     args = parser.parse_args()
 
-    strategy = make_strategy(args.cluster)
+    strategy = make_strategy(args.cluster, args.gpus_per_node, args.port_base)
     resolver = strategy.cluster_resolver
     task = f"{resolver.task_type}:{resolver.task_id}"
     workers = strategy.num_replicas_in_sync
@@ -87,6 +95,7 @@ def main() -> None:
     def train_step(iterator: tf.distribute.DistributedIterator) -> tf.Tensor:
         def replica_step(xb: tf.Tensor, yb: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
+                # every batch is full (the dataset repeats), so the constant global batch is the real one
                 loss = tf.nn.compute_average_loss(loss_fn(yb, model(xb, training=True)),
                                                   global_batch_size=global_batch)
             optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),

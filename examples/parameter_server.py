@@ -7,8 +7,12 @@ runs on whichever worker is free, reads the variables from the parameter server,
 update back without waiting for the others. Steps therefore finish out of order, and a step may
 use weights that other steps have already changed (stale gradients).
 
-Prints one JSON line: the order steps were scheduled in, the order they finished in, and the
-final loss.
+Prints one JSON line: the order steps were scheduled in, the order they finished in, each
+step's staleness (how many other updates reached the parameter server between the step reading
+the weights and applying its own update; it depends on which steps happened to overlap), the
+number of updates the parameter server applied, and the final loss. ``--try-fit`` first tries
+Keras 3 ``fit`` under this strategy and reports how it fails (Keras 3 has no ClusterCoordinator
+support; tf-keras 2's ``fit`` had), in the JSON's "fit" field.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--try-fit", action="store_true", help="first try Keras fit under this strategy")
     args = parser.parse_args()
 
     ports = free_ports(args.workers + 1)
@@ -54,26 +59,44 @@ def main() -> None:
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    fit = None
+    if args.try_fit:
+        import keras
+
+        try:
+            with strategy.scope():
+                model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(1)])
+                model.compile(optimizer="sgd", loss="mse")
+            model.fit(tf.zeros((32, 16)), tf.zeros((32, 1)), epochs=1, steps_per_epoch=2, verbose=0)
+            fit = "ran"
+        except Exception as error:  # noqa: BLE001 - reported in the JSON line, then the coordinator runs
+            fit = f"failed with {type(error).__name__}: {str(error).strip().splitlines()[0][:160]}"
     with strategy.scope():
         w = tf.Variable(tf.zeros((16, 1)), name="w")
+        version = tf.Variable(0, dtype=tf.int64, name="version")  # updates the parameter server has applied
         target = tf.constant(tf.linspace(-1.0, 1.0, 16)[:, None])
 
     @tf.function
-    def step(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        # uneven work: every fourth step (0, 4, 8, ...) does 6 big products, the others 1
-        x = tf.random.stateless_normal((256, 16), seed=tf.stack([index, 0]))
-        heavy = tf.equal(tf.math.floormod(index, 4), 0)
-        busy = tf.zeros((768, 768))
-        for k in range(6):
-            if k == 0 or heavy:
-                busy += tf.matmul(tf.random.stateless_normal((768, 768), seed=tf.stack([index, k])),
-                                  tf.random.stateless_normal((768, 768), seed=tf.stack([k, index])))
+    def step(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((x @ w - x @ target) ** 2) + 0.0 * tf.reduce_sum(busy)
+            seen = version.read_value()  # the weights' version this step starts from
+            with tf.control_dependencies([seen]):
+                current = w.read_value()  # read right after the version: the weights this step uses
+            # uneven work, done only after both reads: every fourth step (0, 4, 8, ...) does 6 big products
+            with tf.control_dependencies([current]):
+                x = tf.random.stateless_normal((256, 16), seed=tf.stack([index, 0]))
+                heavy = tf.equal(tf.math.floormod(index, 4), 0)
+                busy = tf.zeros((768, 768))
+                for k in range(6):
+                    if k == 0 or heavy:
+                        busy += tf.matmul(tf.random.stateless_normal((768, 768), seed=tf.stack([index, k])),
+                                          tf.random.stateless_normal((768, 768), seed=tf.stack([k, index])))
+            loss = tf.reduce_mean((x @ current - x @ target) ** 2) + 0.0 * tf.reduce_sum(busy)
         update = w.assign_sub(0.1 * tape.gradient(loss, w))
         with tf.control_dependencies([update]):
+            applied = version.assign_add(1)  # this step's update is number `applied`
             finished = tf.timestamp()  # taken after this step's update, not before
-        return index, finished, loss
+        return index, finished, loss, applied - 1 - seen  # other updates that landed in between
 
     for warm_up in range(args.workers):  # every worker connects and builds the step first
         coordinator.schedule(step, args=(tf.constant(1001 + 4 * warm_up),))
@@ -81,9 +104,11 @@ def main() -> None:
     results = [coordinator.schedule(step, args=(tf.constant(i),)) for i in range(args.steps)]
     coordinator.join()
     fetched = [r.fetch() for r in results]
-    finished = [int(i) for i, _, _ in sorted(fetched, key=lambda r: float(r[1]))]
+    finished = [int(i) for i, _, _, _ in sorted(fetched, key=lambda r: float(r[1]))]
     print(json.dumps({"scheduled": list(range(args.steps)), "finished": finished,
-                      "final_loss": float(fetched[-1][2]), "cluster": spec}), flush=True)
+                      "staleness": [int(r[3]) for r in fetched], "updates": int(version.numpy()),
+                      "final_loss": float(fetched[-1][2]),
+                      "cluster": spec, "fit": fit}), flush=True)
 
 
 if __name__ == "__main__":

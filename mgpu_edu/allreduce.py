@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
 from mgpu_edu.parallel import shard_sizes
@@ -257,8 +257,9 @@ def reduce_to_one_allreduce(tensors: Sequence[Any], root: int = 0, trace: bool =
     """Reduce-to-one-then-broadcast all-reduce; same contract as :func:`ring_allreduce`.
 
     Every other device sends its whole tensor to ``root``, which adds them and sends the
-    sum back: the root sends (N−1)·S bytes. This is what MirroredStrategy falls back to
-    (``ReductionToOneDevice``) where NCCL can't run.
+    sum back: the root sends (N−1)·S bytes. TensorFlow's version is ``ReductionToOneDevice``:
+    older TensorFlow fell back to it on logical GPUs; today MirroredStrategy runs a collective
+    ring there (see :func:`tf_allreduce`) and uses it for reductions to the host.
     """
     tensors = list(tensors)
     if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < max(len(tensors), 1):
@@ -353,12 +354,47 @@ def alpha_beta_time(algorithm: str, n: int, nbytes: float, alpha_s: float = 1e-5
     raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
 
 
-def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> tuple[list[Any], str]:
-    """TensorFlow's own all-reduce of the same tensors, through MirroredStrategy; returns (sums, implementation).
+def traced_ops(fn: Any, *args: Any) -> dict[str, int]:
+    """Count the operations, by type, in the graph that the ``tf.function`` ``fn`` traces for ``args``.
 
-    cross_device_ops=None lets MirroredStrategy pick (CollectiveAllReduce in TF 2.16+, which
-    uses NCCL on real GPUs); pass ``tf.distribute.ReductionToOneDevice()`` or
-    ``tf.distribute.HierarchicalCopyAllReduce()`` to choose. Works on logical CPUs.
+    Functions nested in the graph are counted too. Tracing runs nothing, so this shows what
+    TensorFlow *would* run, read from TensorFlow itself: which all-reduce, how many of them.
+
+    Example:
+        >>> traced_ops(tf.function(lambda x: x + 1), tf.constant(1.0))["AddV2"]  # doctest: +SKIP
+        1
+    """
+    graph = fn.get_concrete_function(*args).graph.as_graph_def()
+    counts: dict[str, int] = {}
+    for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
+        counts[node.op] = counts.get(node.op, 0) + 1
+        if node.op == "CollectiveReduceV2":
+            key = f"CollectiveReduceV2:{node.attr['communication_hint'].s.decode()}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class TfAllReduce(NamedTuple):
+    """TensorFlow's all-reduce of some tensors: the sums, what MirroredStrategy chose, what its graph runs."""
+
+    sums: list[Any]
+    implementation: str
+    graph_ops: dict[str, int]
+
+
+_REDUCTION_OPS = ("CollectiveReduceV2", "NcclAllReduce", "AddN")
+
+
+def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> TfAllReduce:
+    """TensorFlow's own all-reduce of the same tensors, the way gradients take it; returns a TfAllReduce.
+
+    Each tensor is one replica's value; inside ``strategy.run`` under ``tf.function`` every
+    replica calls ``all_reduce(SUM, ...)``, as Keras does for gradients. ``implementation`` is
+    what ran, read from the traced graph: ``CollectiveAllReduce (ring)`` when it holds
+    ``CollectiveReduceV2`` ops with the ring hint (TensorFlow's pick for CPUs and logical
+    GPUs; ``nccl`` on physical GPUs), else the class of ``cross_device_ops`` passed
+    (``ReductionToOneDevice``, ``HierarchicalCopyAllReduce``: copies and ``AddN``).
+    ``graph_ops`` counts the reduction ops. Works on logical CPUs.
     """
     tf = quiet.import_tensorflow()
     tensors = _check_tensors(tensors, "tf_allreduce")
@@ -367,6 +403,52 @@ def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> tuple[
     strategy = make_strategy([t.device for t in tensors], cross_device_ops=cross_device_ops)
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda context: tensors[context.replica_id_in_sync_group])
-    mirrored = strategy.extended.reduce_to(tf.distribute.ReduceOp.SUM, per_replica, per_replica)
-    used = type(strategy.extended._get_cross_device_ops(per_replica)).__name__
-    return list(strategy.experimental_local_results(mirrored)), used
+
+    @tf.function
+    def all_reduce(values: Any) -> Any:
+        return strategy.run(lambda v: tf.distribute.get_replica_context().all_reduce("sum", v), args=(values,))
+
+    summed = strategy.experimental_local_results(all_reduce(per_replica))
+    ops = traced_ops(all_reduce, per_replica)
+    hints = sorted(k.split(":")[1] for k in ops if k.startswith("CollectiveReduceV2:"))
+    if hints:
+        implementation = f"CollectiveAllReduce ({', '.join(hints)})"
+    else:
+        implementation = type(strategy.extended._cross_device_ops).__name__
+    graph_ops = {k: v for k, v in ops.items() if k in _REDUCTION_OPS or k.startswith("CollectiveReduceV2:")}
+    return TfAllReduce(list(summed), implementation, graph_ops)
+
+
+def gradient_allreduces(strategy: Any, model: Any, bytes_per_pack: int | None = None) -> int:
+    """How many all-reduces one replica launches for ``model``'s gradients in one step, counted in the graph.
+
+    ``bytes_per_pack=None`` traces the step Keras 3 runs: ``optimizer.apply_gradients`` inside
+    ``strategy.run`` all-reduces every gradient together, in one pack (one all-reduce that
+    waits for the last gradient). An integer traces a custom step that all-reduces the
+    gradients itself with ``tf.distribute.experimental.CommunicationOptions(bytes_per_pack=…)``,
+    which packs them into groups of about that many bytes, one all-reduce each. Only the
+    collective all-reduce (MirroredStrategy's default) packs. Nothing runs: the graph is only traced.
+    """
+    tf = quiet.import_tensorflow()
+    import keras
+
+    if bytes_per_pack is not None and (isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int)
+                                       or bytes_per_pack < 0):
+        raise ValueError(f"bytes_per_pack={bytes_per_pack!r} must be a whole number of bytes ≥ 0 (0 = one pack), "
+                         "or None for Keras's own step.")
+    inputs = tf.zeros([2, *model.inputs[0].shape[1:]])
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.0)
+
+    def replica_step() -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(inputs, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        if bytes_per_pack is None:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+        options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
+        return tf.distribute.get_replica_context().all_reduce("sum", grads, options=options)
+
+    step = tf.function(lambda: strategy.run(replica_step))
+    return traced_ops(step).get("CollectiveReduceV2", 0) // strategy.num_replicas_in_sync

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 from mgpu_edu.devices import default_memory_limit_mb
@@ -55,8 +56,8 @@ def _device_key(name: str) -> tuple[str, int] | None:
     return (match.group(1).upper(), int(match.group(2))) if match else None
 
 
-def placed_on(tensor: Any, device: str) -> Feedback:
-    """Lesson 00, exercise 1: is `tensor` the result of work placed on `device`?
+def placed_on(tensor: Any, device: str, expected: float | None = None) -> Feedback:
+    """Lesson 00, exercise 1: is `tensor` the result of work placed on `device` (and, if given, equal to expected)?
 
     Example:
         >>> placed_on(None, "/device:CPU:2").status
@@ -69,6 +70,12 @@ def placed_on(tensor: Any, device: str) -> Feedback:
     if not isinstance(where, str):
         return _report("wrong", f"expected a TensorFlow tensor, got {type(tensor).__name__}. "
                                 "Assign the tensor your computation returns, not a Python value.")
+    value = _as_number(tensor)
+    if _device_key(where) == _device_key(device) and expected is not None and (
+            value is None or not math.isclose(value, expected, rel_tol=1e-6)):
+        got = "not a single number" if value is None else _show(value)
+        return _report("wrong", f"your tensor lives on the right device, but it holds {got}, not "
+                                f"{_show(expected)}. Compute the sum the exercise asks for.")
     if _device_key(where) == _device_key(device):
         return _report("correct", f"the result lives on {where}. Pinning work like this is how "
                                   "lesson 02 gives each device its own share of a batch.")
@@ -79,11 +86,10 @@ def placed_on(tensor: Any, device: str) -> Feedback:
 
 def memory_split(answer: Any, total_mb: int = 15360, n: int = 5) -> Feedback:
     """Lesson 00, exercise 2: the per-device limit when a total_mb GPU is split n ways."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a number of megabytes.")
+    early, answer = _read_number(answer, "set `answer` to a number of megabytes.", "a number of MB")
+    if early is not None:
+        return early
     expected = default_memory_limit_mb(total_mb, n)
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
-        return _report("wrong", f"expected a number of MB, got {type(answer).__name__} {answer!r}.")
     if answer == expected:
         return _report("correct", f"{expected:,} MB each. The 20 % kept back leaves room for CUDA's "
                                   "own context, and round numbers make limits easy to read in logs.")
@@ -93,20 +99,46 @@ def memory_split(answer: Any, total_mb: int = 15360, n: int = 5) -> Feedback:
         hint = "right share, but round it down to a multiple of 256 MB."
     else:
         hint = "take 80 % of the card, divide by the number of devices, round down to a multiple of 256."
-    return _report("wrong", f"{answer!r} MB is not it: {hint}")
+    return _report("wrong", f"{_show(answer)} MB is not it: {hint}")
 
 
-def _number(answer: Any) -> bool:
-    return not isinstance(answer, bool) and isinstance(answer, (int, float))
+def _as_number(answer: Any) -> float | None:
+    """answer as a float if it is a real number of any kind a learner can produce, else None.
 
-
-def _numeric(answer: Any, unsolved_hint: str, what: str = "a number") -> Feedback | None:
-    """Feedback for an unsolved or non-numeric answer; None when the answer is a number to check."""
-    if _unsolved(answer):
-        return _report("unsolved", unsolved_hint)
-    if not _number(answer):
-        return _report("wrong", f"expected {what}, got {type(answer).__name__} {answer!r}.")
+    Python ints and floats, NumPy scalars (np.int64, np.float32) and 0-d arrays, and scalar
+    TensorFlow tensors all count; bools, strings and containers don't.
+    """
+    if isinstance(answer, bool):
+        return None
+    if isinstance(answer, numbers.Real):
+        return float(answer)
+    if hasattr(answer, "numpy") and callable(answer.numpy):  # a TensorFlow scalar
+        try:
+            answer = answer.numpy()
+        except Exception:  # noqa: BLE001 - whatever it is, it isn't a number we can read
+            return None
+    kind = getattr(getattr(answer, "dtype", None), "kind", None)
+    if getattr(answer, "shape", None) == () and kind in ("i", "u", "f"):  # a NumPy 0-d array or scalar
+        return float(answer)
     return None
+
+
+def _show(value: float) -> str:
+    """A number as a learner would write it: 96, not 96.0; 0.04, not 0.04000000000000001."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:.6g}"
+
+
+def _read_number(answer: Any, unsolved_hint: str, what: str = "a number",
+                 whole: bool = False) -> tuple[Feedback | None, float]:
+    """(feedback, value): feedback for an unsolved, non-numeric (or, with whole, fractional) answer, else None."""
+    if _unsolved(answer):
+        return _report("unsolved", unsolved_hint), 0.0
+    value = _as_number(answer)
+    if value is None:
+        return _report("wrong", f"expected {what}, got {type(answer).__name__} {answer!r}."), 0.0
+    if whole and not value.is_integer():
+        return _report("wrong", f"expected {what}, got {_show(value)}: it must be a whole number."), value
+    return None, value
 
 
 def device_names(answer: Any, expected: list[str]) -> Feedback:
@@ -118,7 +150,7 @@ def device_names(answer: Any, expected: list[str]) -> Feedback:
     if any("physical_device" in a for a in answer):
         return _report("wrong", "those are physical device names. tf.device places work on *logical* devices: "
                                 "use tf.config.list_logical_devices(...) and each device's .name.")
-    if [a.split("device:")[-1].upper() for a in answer] == [e.split("device:")[-1].upper() for e in expected]:
+    if [_device_key(a) for a in answer] == [_device_key(e) for e in expected] and all(map(_device_key, answer)):
         return _report("correct", f"{list(answer)}. Logical names are what tf.device and "
                                   "MirroredStrategy(devices=...) take, on a laptop and on a GPU server alike.")
     if not answer:
@@ -130,19 +162,20 @@ def device_names(answer: Any, expected: list[str]) -> Feedback:
 
 def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int = 4) -> Feedback:
     """Lesson 01, exercise 2: bytes copied when `readers` devices read one variable kept on one of them."""
-    early = _numeric(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
     if early is not None:
         return early
     size = elements * itemsize
     expected = (readers - 1) * size
     if answer == expected:
         return _report("correct", f"{expected:,} bytes: every device except the variable's own gets a copy, each "
-                                  "step. This is why strategies mirror variables instead of sharing one copy.")
+                                  "step. MirroredStrategy keeps a copy on every device instead, so reads stay local, "
+                                  "and all-reduces the gradients once a step.")
     if answer == readers * size:
         return _report("wrong", "the device that holds the variable reads it in place: it copies nothing.")
     if answer in (elements * (readers - 1), elements * readers):
         return _report("wrong", f"that counts elements. Multiply by {itemsize} bytes per float32.")
-    return _report("wrong", f"{answer!r} is not it. Bytes = (devices that don't hold it) × elements × bytes each.")
+    return _report("wrong", f"{_show(answer)} is not it. Bytes = (devices that don't hold it) × elements × bytes each.")
 
 
 def shard_sizes_function(fn: Any) -> Feedback:
@@ -206,12 +239,13 @@ def combine_function(fn: Any) -> Feedback:
                                         f"divide by all {sum(counts)} examples ({want:g}).")
             return _report("wrong", f"combine({sums}, {counts}) = {got:g}, expected {want:g}.")
     return _report("correct", "sum of tower sums ÷ total examples is exactly the single-device mean, whatever "
-                              "the shard sizes: the property MirroredStrategy relies on too.")
+                              "the shard sizes: what a correct custom step does (lesson 05). Keras's fit averages "
+                              "per-replica means instead, which lesson 04 catches on the short last batch.")
 
 
 def ring_bytes(answer: Any, n: int, nbytes: int) -> Feedback:
     """Lesson 03, exercise 1: bytes each device sends in a ring all-reduce of nbytes over n devices."""
-    early = _numeric(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
     if early is not None:
         return early
     expected = 2 * (n - 1) * nbytes / n
@@ -223,13 +257,14 @@ def ring_bytes(answer: Any, n: int, nbytes: int) -> Feedback:
     if abs(answer - (n - 1) * nbytes) < 0.5:
         return _report("wrong", "that is what reduce-to-one's root sends. In the ring each step moves one chunk "
                                 f"of S/{n}, not the whole tensor.")
-    return _report("wrong", f"{answer!r} is not it. Each of 2(N−1) steps sends one chunk of S/N bytes.")
+    return _report("wrong", f"{_show(answer)} is not it. Each of 2(N−1) steps sends one chunk of S/N bytes.")
 
 
 def ring_steps(answer: Any, n: int) -> Feedback:
     """Lesson 03, exercise 2: how many steps a ring all-reduce takes over n devices."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a whole number of steps.")
+    early, answer = _read_number(answer, "set `answer` to a whole number of steps.", "a number of steps", whole=True)
+    if early is not None:
+        return early
     expected = 2 * (n - 1)
     if answer == expected:
         return _report("correct", f"{expected} steps. Each costs at least one latency α, so the ring's "
@@ -238,13 +273,14 @@ def ring_steps(answer: Any, n: int) -> Feedback:
         return _report("wrong", "that is one phase (reduce-scatter). The all-gather takes as many again.")
     if answer in (n, 2 * n):
         return _report("wrong", f"a device's own chunk needs no step: each phase takes N−1 = {n - 1} steps.")
-    return _report("wrong", f"{answer!r} is not it. Count the reduce-scatter steps, then the all-gather steps.")
+    return _report("wrong", f"{_show(answer)} is not it. Count the reduce-scatter steps, then the all-gather steps.")
 
 
 def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int) -> Feedback:
     """Lesson 04, exercise 1: steps in one epoch for a per-replica batch on some replicas."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a whole number of steps.")
+    early, answer = _read_number(answer, "set `answer` to a whole number of steps.", "a number of steps", whole=True)
+    if early is not None:
+        return early
     global_batch = per_replica * replicas
     expected = math.ceil(examples / global_batch)
     if answer == expected:
@@ -255,12 +291,12 @@ def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int)
     if answer in (math.ceil(examples / per_replica), examples // per_replica):
         return _report("wrong", f"that uses the per-replica batch. Each step consumes the global batch: "
                                 f"{per_replica} × {replicas}.")
-    return _report("wrong", f"{answer!r} is not it: steps = ⌈examples ÷ (per-replica batch × replicas)⌉.")
+    return _report("wrong", f"{_show(answer)} is not it: steps = ⌈examples ÷ (per-replica batch × replicas)⌉.")
 
 
 def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_replica: int) -> Feedback:
     """Lesson 04, exercise 2: the learning rate after the linear scaling rule."""
-    early = _numeric(answer, "set `answer` to a learning rate.", "a number")
+    early, answer = _read_number(answer, "set `answer` to a learning rate.", "a number")
     if early is not None:
         return early
     expected = base_lr * per_replica * replicas / base_batch
@@ -272,31 +308,33 @@ def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_r
                                 "Multiply by how much the global batch grew.")
     if math.isclose(answer, base_lr / replicas, rel_tol=1e-6):
         return _report("wrong", "that divides. A bigger batch gives a less noisy gradient, so the rule multiplies.")
-    return _report("wrong", f"{answer!r} is not it: rate × (global batch ÷ the batch it was tuned for).")
+    return _report("wrong", f"{_show(answer)} is not it: rate × (global batch ÷ the batch it was tuned for).")
 
 
 def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: int) -> Feedback:
     """Lesson 05, exercise 1: what one replica's scaled loss must be (its loss sum ÷ the global batch)."""
-    early = _numeric(answer, "set `answer` to the loss this replica should return.", "a number")
+    early, answer = _read_number(answer, "set `answer` to the loss this replica should return.", "a number")
     if early is not None:
         return early
     expected = loss_sum / global_batch
     if math.isclose(answer, expected, rel_tol=1e-6):
         return _report("correct", f"{expected:g}. Summed over the replicas by the all-reduce, these give the mean "
-                                  "over the global batch: lesson 02's fix, done by tf.nn.compute_average_loss.")
+                                  "over the global batch: lesson 02's fix, done by "
+                                  f"tf.nn.compute_average_loss(losses, global_batch_size={global_batch}).")
     if math.isclose(answer, loss_sum / per_replica, rel_tol=1e-6):
         return _report("wrong", f"that is this replica's own mean. The all-reduce *adds* the replicas' losses, so "
                                 f"{global_batch // per_replica} means would make the loss that many times too big. "
                                 "Divide by the global batch.")
     if math.isclose(answer, loss_sum, rel_tol=1e-6):
         return _report("wrong", "that is the sum. Divide by the global batch, so the replicas' sum is a mean.")
-    return _report("wrong", f"{answer!r} is not it: this replica's loss sum ÷ the global batch size.")
+    return _report("wrong", f"{_show(answer)} is not it: this replica's loss sum ÷ the global batch size.")
 
 
 def python_runs(answer: Any, replicas: int) -> Feedback:
     """Lesson 05, exercise 2: how often the Python body of a replica function runs under tf.function."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a whole number.")
+    early, answer = _read_number(answer, "set `answer` to a whole number.", "a number of runs", whole=True)
+    if early is not None:
+        return early
     if answer == replicas:
         return _report("correct", f"{replicas}: once per replica while tracing, then never again; the graph runs "
                                   "the steps. Python side effects (print, list.append) happen only while tracing.")
@@ -305,17 +343,21 @@ def python_runs(answer: Any, replicas: int) -> Feedback:
     if answer in (100, 100 * replicas):
         return _report("wrong", "inside tf.function the Python body runs only while tracing; later calls run the "
                                 "graph. Shapes don't change here, so there is no retracing.")
-    return _report("wrong", f"{answer!r} is not it. Think: traced once per replica, and not again for same shapes.")
+    return _report("wrong", f"{_show(answer)} is not it. Think: traced once per replica, and not again for "
+                            "same shapes.")
 
 
 def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
     """Lesson 06, exercise 1: the fewest micro-batches that keep a P-stage bubble under target."""
     from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
 
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a whole number of micro-batches.")
-    if isinstance(answer, bool) or not isinstance(answer, int) or answer < 1:
-        return _report("wrong", f"expected a whole number of micro-batches, got {answer!r}.")
+    early, answer = _read_number(answer, "set `answer` to a whole number of micro-batches.",
+                                 "a whole number of micro-batches", whole=True)
+    if early is not None:
+        return early
+    if answer < 1:
+        return _report("wrong", f"expected a whole number of micro-batches, at least 1, got {_show(answer)}.")
+    answer = int(answer)
     expected = micro_batches_for_bubble(stages, target)
     if answer == expected:
         return _report("correct", f"M = {expected}: bubble {bubble_fraction(stages, expected):.2%}. More micro-batches "
@@ -331,7 +373,7 @@ def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
 
 def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedback:
     """Lesson 06, exercise 2: kernel parameters per device when a Dense kernel is split by columns."""
-    early = _numeric(answer, "set `answer` to a number of parameters.", "a number")
+    early, answer = _read_number(answer, "set `answer` to a number of parameters.", "a number")
     if early is not None:
         return early
     expected = inputs * outputs // devices
@@ -342,13 +384,13 @@ def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedba
         return _report("wrong", "that is the whole kernel. Each device keeps only its share of the columns.")
     if answer in (outputs // devices, inputs // devices):
         return _report("wrong", "that counts columns (or rows), not parameters: each column has one weight per input.")
-    return _report("wrong", f"{answer!r} is not it: (inputs × outputs) ÷ devices.")
+    return _report("wrong", f"{_show(answer)} is not it: (inputs × outputs) ÷ devices.")
 
 
 def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: float,
                       bytes_per_param: int = 4) -> Feedback:
     """Lesson 07, exercise 1: seconds for a ring all-reduce of a model's gradients, latency ignored."""
-    early = _numeric(answer, "set `answer` to a number of seconds.", "a number of seconds")
+    early, answer = _read_number(answer, "set `answer` to a number of seconds.", "a number of seconds")
     if early is not None:
         return early
     size = params * bytes_per_param
@@ -360,12 +402,12 @@ def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: f
         return _report("wrong", f"that counts parameters, not bytes: each float32 gradient is {bytes_per_param} bytes.")
     if math.isclose(answer, size / (gbytes_per_s * 1e9), rel_tol=1e-3):
         return _report("wrong", "that sends the tensor once. The ring sends 2(N−1)/N of it per device.")
-    return _report("wrong", f"{answer!r} is not it: 2(N−1)/N × params × bytes ÷ bandwidth.")
+    return _report("wrong", f"{_show(answer)} is not it: 2(N−1)/N × params × bytes ÷ bandwidth.")
 
 
 def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -> Feedback:
     """Lesson 07, exercise 2: speed-up of N replicas when each step adds comm_s to compute_s (no overlap)."""
-    early = _numeric(answer, "set `answer` to the speed-up (a number like 2.5).", "a number")
+    early, answer = _read_number(answer, "set `answer` to the speed-up (a number like 2.5).", "a number")
     if early is not None:
         return early
     expected = compute_s * replicas / (compute_s + comm_s)
@@ -376,30 +418,34 @@ def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -
         return _report("wrong", "that is the ideal. Each step also waits for the all-reduce.")
     if math.isclose(answer, compute_s / (compute_s + comm_s), rel_tol=1e-3):
         return _report("wrong", "that is the efficiency. Multiply by the number of replicas for the speed-up.")
-    return _report("wrong", f"{answer!r} is not it: N replicas process N batches in (compute + comm) seconds.")
+    return _report("wrong", f"{_show(answer)} is not it: N replicas process N batches in (compute + comm) seconds.")
 
 
 def global_batch_workers(answer: Any, workers: int, per_worker: int) -> Feedback:
     """Lesson 08, exercise 1: the global batch of a multi-worker job."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a whole number of examples.")
+    early, answer = _read_number(answer, "set `answer` to a whole number of examples.", "a number of examples",
+                                 whole=True)
+    if early is not None:
+        return early
     expected = workers * per_worker
     if answer == expected:
         return _report("correct", f"{expected}: MultiWorkerMirroredStrategy adds up replicas across machines "
                                   "exactly as MirroredStrategy does across the GPUs of one.")
     if answer == per_worker:
         return _report("wrong", "that is one worker's share. The global batch counts every worker's.")
-    return _report("wrong", f"{answer!r} is not it: workers × per-worker batch.")
+    return _report("wrong", f"{_show(answer)} is not it: workers × per-worker batch.")
 
 
 def staleness(answer: Any, workers: int) -> Feedback:
     """Lesson 08, exercise 2: how stale a gradient typically is with N asynchronous workers."""
-    if _unsolved(answer):
-        return _report("unsolved", "set `answer` to a whole number of updates.")
+    early, answer = _read_number(answer, "set `answer` to a whole number of updates.", "a number of updates",
+                                 whole=True)
+    if early is not None:
+        return early
     expected = workers - 1
     if answer == expected:
         return _report("correct", f"{expected}: while one worker computes, the other {expected} each apply an update. "
                                   "More workers, staler gradients: one reason to lower the learning rate.")
     if answer == workers:
         return _report("wrong", "a worker's own update isn't in between: count only the others.")
-    return _report("wrong", f"{answer!r} is not it: the other workers' updates land while one worker computes.")
+    return _report("wrong", f"{_show(answer)} is not it: the other workers' updates land while one worker computes.")

@@ -2,7 +2,8 @@
 
 step time = compute + all-reduce − the part of the all-reduce hidden behind compute:
 
-- compute: FLOPs per example × per-replica batch ÷ the device's sustained FLOP/s;
+- compute: FLOPs per example × per-replica batch ÷ the FLOP/s the device sustains (its
+  datasheet peak × the share of it that training really reaches, often well under half);
 - all-reduce: the chosen algorithm's bytes over the link, plus a latency per message
   (lesson 03's α + β·bytes model, :func:`mgpu_edu.allreduce.alpha_beta_time`);
 - overlap: the fraction of the all-reduce that runs while the backward pass still computes.
@@ -19,15 +20,33 @@ from typing import Any
 from mgpu_edu._validate import positive_number, whole_number
 from mgpu_edu.allreduce import ALGORITHMS, alpha_beta_time
 
-#: Approximate sustained dense throughput, TFLOP/s (fp32 / fp16-or-bf16 tensor cores). Peak
-#: datasheet numbers; real training reaches a fraction of them.
-DEVICES: dict[str, dict[str, float]] = {
+#: Datasheet **peak** dense throughput, TFLOP/s: plain fp32; "tf32", the tensor-core format TensorFlow
+#: uses for float32 matrix products by default on A100 and H100 (a T4 has none); and 16-bit on tensor
+#: cores ("mixed": fp16 on a T4, bf16 or fp16 on A100 and H100 SXM). Training sustains a fraction of
+#: these: multiply by the share of peak reached (``utilisation``) to get the rate :func:`step_time` needs.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "T4": {"fp32": 8.1, "mixed": 65.0},
-    "A100": {"fp32": 19.5, "mixed": 312.0},
-    "H100": {"fp32": 67.0, "mixed": 989.0},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "mixed": 312.0},
+    "H100": {"fp32": 67.0, "tf32": 495.0, "mixed": 989.0},
 }
-#: Approximate one-direction bandwidth between two devices, GB/s.
-LINKS: dict[str, float] = {"PCIe 3": 12.0, "PCIe 4": 25.0, "NVLink": 300.0, "Ethernet 10G": 1.25}
+#: Approximate one-direction bandwidth between two devices, GB/s (PCIe: x16 slots, effective).
+LINKS: dict[str, float] = {"PCIe 3": 12.0, "PCIe 4": 25.0, "PCIe 5": 50.0, "NVLink 3 (A100)": 300.0,
+                           "NVLink 4 (H100)": 450.0, "Ethernet 10G": 1.25}
+
+
+def training_flops(forward_macs: float) -> float:
+    """FLOPs of one training step for one example, from the forward pass's multiply-adds.
+
+    A multiply-add is 2 FLOPs, and the backward pass costs about twice the forward, so a
+    training step is about 3 × 2 × MACs. Papers often quote MACs as "FLOPs": ResNet-50's
+    "4.1 GFLOPs" per 224 × 224 image are multiply-adds, 8.2 GFLOPs forward.
+
+    Example:
+        >>> training_flops(4.1e9) / 1e9  # ResNet-50, one image, forward and backward
+        24.6
+    """
+    positive_number("forward_macs", forward_macs)
+    return 3 * 2 * forward_macs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +66,13 @@ def step_time(params: float, flops_per_example: float, batch_per_replica: int, r
     """Model one synchronous data-parallel step; returns compute_s, comm_s and total_s.
 
     ``flops_per_example`` counts the whole training step for one example (forward and
-    backward, about 3× the forward FLOPs). One replica communicates nothing.
+    backward, :func:`training_flops`). ``device_tflops`` is the rate the device *sustains*,
+    not its datasheet peak. One replica communicates nothing.
 
     Example:
-        >>> t = step_time(25.6e6, 12.3e9, 64, 2, device_tflops=8.1, link_gbytes_per_s=12)
+        >>> t = step_time(25.6e6, 24.6e9, 64, 2, device_tflops=8.1, link_gbytes_per_s=12)
         >>> round(t.compute_s, 3), round(t.comm_s, 4)
-        (0.097, 0.0086)
+        (0.194, 0.0086)
     """
     for name, value in (("params", params), ("flops_per_example", flops_per_example),
                         ("device_tflops", device_tflops), ("link_gbytes_per_s", link_gbytes_per_s),
@@ -79,8 +99,8 @@ def speedup(params: float, flops_per_example: float, batch_per_replica: int, rep
     """Throughput of ``replicas`` over one, at a fixed per-replica batch: t(1) × N ÷ t(N).
 
     Example:
-        >>> round(speedup(25.6e6, 12.3e9, 64, 2, device_tflops=8.1, link_gbytes_per_s=12), 2)
-        1.84
+        >>> round(speedup(25.6e6, 24.6e9, 64, 2, device_tflops=8.1, link_gbytes_per_s=12), 2)
+        1.92
     """
     args = (params, flops_per_example, batch_per_replica)
     options = {"device_tflops": device_tflops, "link_gbytes_per_s": link_gbytes_per_s, "algorithm": algorithm,

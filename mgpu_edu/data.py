@@ -77,7 +77,7 @@ def topic_sequences(n: int = 2000, classes: int = 8, vocab: int = 1000, length: 
 
 
 def reuters(num_words: int = 10_000, length: int = 300) -> Split:
-    """The real Reuters newswire topics (46 classes), as seed 003 used them. **Downloads** ~2 MB.
+    """The real Reuters newswire topics (46 classes), as "Eat TensorFlow2 in 30 Days" used them. **Downloads** ~2 MB.
 
     Only for machines with internet (Colab); the lessons default to :func:`topic_sequences`.
     """
@@ -93,7 +93,7 @@ def reuters(num_words: int = 10_000, length: int = 300) -> Split:
 
 
 def mnist() -> Split:
-    """The real MNIST digits (28×28×1, [0, 1]), as seed 000 used them. **Downloads** ~11 MB.
+    """The real MNIST digits (28×28×1, [0, 1]), as the MirroredStrategy tutorial used them. **Downloads** ~11 MB.
 
     Only for machines with internet (Colab); the lessons default to :func:`digits`.
     """

@@ -38,7 +38,7 @@ def per_example_loss() -> Any:
 
 
 def small_cnn(input_shape: Sequence[int] = (8, 8, 1), classes: int = 10, seed: int = 0) -> Any:
-    """Seed 000's small CNN (Conv2D 32 → max-pool → Dense 64 → classes), with logits out.
+    """The MirroredStrategy tutorial article's small CNN (Conv2D 32 → max-pool → Dense 64 → classes), with logits out.
 
     For 8×8 digits the convolution pads ("same") so the image survives the pooling.
     """
@@ -58,10 +58,11 @@ def small_cnn(input_shape: Sequence[int] = (8, 8, 1), classes: int = 10, seed: i
 
 def text_cnn(vocab: int = 1000, length: int = 100, classes: int = 8, seed: int = 0,
              softmax_output: bool = False) -> Any:
-    """Seed 003's Conv1D text classifier: Embedding → Conv1D 64 → pool → Conv1D 32 → pool → Dense.
+    """A Conv1D text classifier: Embedding → Conv1D 64 → pool → Conv1D 32 → pool → Dense.
 
+    The model of "Eat TensorFlow2 in 30 Days", chapter 6-4 ("Model Training Using Multiple GPUs").
     It outputs logits, to pair with ``from_logits=True``. ``softmax_output=True`` rebuilds the
-    seed's bug (softmax output *and* ``from_logits=True``) so the lesson can show its effect.
+    chapter's bug (softmax output *and* ``from_logits=True``) so the lesson can show its effect.
     """
     quiet.import_tensorflow()
     import keras

@@ -193,11 +193,14 @@ def timed_on_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices:
                      graph: bool = False) -> tuple[list[Any], list[Span]]:
     """Run ``work(shard)`` for each shard on its device; return the outputs and when each ran.
 
-    The times come from ``tf.timestamp()`` ops placed before and after each device's work,
-    so they are real in eager mode (the devices run one after another) and in a graph
-    (graph=True: TensorFlow may run independent work at the same time). The outputs are
-    collected in a ``tf.TensorArray``, the tool for gathering results inside a graph.
-    With no GPU this shows logical CPUs, which share the machine's cores.
+    The times come from ``tf.timestamp()`` ops placed before and after each device's work:
+    host clock readings. On CPUs every operation runs to completion where it stands, so the
+    spans are when the work ran, in eager mode (one device after another) and in a graph
+    (graph=True: TensorFlow may run independent work at the same time). On a GPU, kernels run
+    asynchronously: a timestamp can be taken before the GPU finishes the work it follows, so
+    the spans show when work was handed to each device; use the profiler for the device side.
+    The outputs are collected in a ``tf.TensorArray``, the tool for gathering results inside
+    a graph. With no GPU this shows logical CPUs, which share the machine's cores.
     """
     tf = quiet.import_tensorflow()
     devices = list(devices)

@@ -324,49 +324,131 @@ def row_parallel_dense(x: Any, kernel: Any, bias: Any, devices: Sequence[str]) -
 # ----------------------------------------------------------------------------- costs
 
 
+def _layers(widths: Sequence[int]) -> list[tuple[int, int]]:
+    widths = list(widths)
+    if len(widths) < 2 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        raise ValueError(f"widths={widths!r} must list at least two layer sizes (inputs, then each layer's "
+                         "units), e.g. [64, 512, 10].")
+    return list(zip(widths[:-1], widths[1:], strict=False))
+
+
+def stage_memory(widths: Sequence[int], batch: int, devices: int, optimizer: str = "adam",
+                 precision: str = "fp32") -> list[dict[str, float]]:
+    """Bytes each device of a layer split holds: weights, gradients, optimizer state, activations.
+
+    Layers are dealt out to the stages in order (as :class:`StagedModel` does). The model
+    states come from :func:`mgpu_edu.memory.model_states` (Adam in fp32: 4 bytes of weights,
+    4 of gradients and 8 of moments per parameter). The activations are what the backward
+    pass needs, for the whole batch: a Dense layer's kernel gradient needs the layer's input
+    (xᵀ·dy) and ReLU's gradient its output, so a stage keeps its input and every layer's
+    output. Counted, not measured.
+
+    Example:
+        >>> [round(m["total"] / 2**20, 2) for m in stage_memory([64, 512, 10], 16, 2, optimizer="sgd")]
+        [0.29, 0.07]
+    """
+    from mgpu_edu.memory import PRECISIONS, model_states
+
+    layers = _layers(widths)
+    _count("batch", batch)
+    per_stage = _deal(len(layers), _count("devices", devices))
+    value_bytes = PRECISIONS.get(precision, (4, 4))[0]
+    result, start = [], 0
+    for count in per_stage:
+        stage = layers[start:start + count]
+        start += count
+        states = model_states(sum(i * o + o for i, o in stage), optimizer=optimizer, precision=precision)
+        activations = batch * (stage[0][0] + sum(o for _, o in stage)) * value_bytes
+        result.append({"weights": states.params, "gradients": states.grads, "optimizer": states.optimizer,
+                       "activations": activations, "total": states.total + activations})
+    return result
+
+
 def parallelism_costs(widths: Sequence[int], batch: int, devices: int, micro_batches: int = 4,
-                      bytes_per_value: int = 4) -> list[dict[str, Any]]:
-    """Memory per device and bytes moved per training step, for an MLP of the given widths.
+                      optimizer: str = "adam", precision: str = "fp32") -> list[dict[str, Any]]:
+    """Memory per device and bytes moved per training step, for an MLP of the given widths, per strategy.
 
-    Counted, not measured: parameters (weights + biases) and the activations a step keeps for
-    the backward pass (each layer's output, batch × width), times bytes_per_value.
+    Counted from the shapes, not measured. Memory is the busiest device's weights, gradients,
+    optimizer state (:func:`mgpu_edu.memory.model_states`) and the activations it keeps for
+    the backward pass (each layer's input and output, see :func:`stage_memory`). Traffic
+    comes two ways, each labelled:
+    ``bytes_per_device`` is what the busiest device sends in one step, ``bytes_total`` what all
+    devices send together.
 
-    - data: every device holds all parameters and 1/N of the activations; it all-reduces the
-      gradients (ring: 2(N−1)/N × parameter bytes per device).
-    - layer split: device s holds its stage's parameters and activations; each boundary
-      sends the activation forward and its gradient back.
-    - pipeline: the same parameters and traffic as the layer split (in M messages); at most
-      the same activations, because all M micro-batches are kept until the backward pass.
-    - tensor: every layer split by columns: 1/N of the parameters and activations per device;
-      each layer all-gathers its output forward and all-reduces its input gradient back.
+    - data: every device holds every weight and 1/N of the batch's activations; a ring
+      all-reduce of the gradients sends 2(N−1)/N × the gradient bytes from each device.
+    - layer split: each device holds its layers; at each boundary the activation goes forward
+      and its gradient comes back, so a middle device sends one of each.
+    - pipeline (GPipe): the same bytes as the layer split, in M messages; all M micro-batches'
+      activations are kept until the backward pass, so the same memory.
+    - tensor: every layer split by columns over N devices: 1/N of the model states each; each
+      layer's output is all-gathered ((N−1)/N of it sent per device) to be the next layer's
+      input, so every device keeps the whole batch's activations, as one device would; each
+      layer's input gradient is all-reduced back.
 
-    idle_fraction is the ideal share of device-time spent waiting: (P−1)/P for the layer
+    ``idle_fraction`` is the ideal share of device-time spent waiting: (P−1)/P for the layer
     split, the GPipe bubble for the pipeline, 0 for data and tensor parallelism.
     """
-    _count("devices", devices)
+    from mgpu_edu.memory import PRECISIONS, model_states
+
+    n = _count("devices", devices)
     _count("batch", batch)
-    layers = list(zip(widths[:-1], widths[1:], strict=True))
-    params = [(i * o + o) * bytes_per_value for i, o in layers]
-    acts = [batch * o * bytes_per_value for _, o in layers]
-    n = devices
+    layers = _layers(widths)
+    value_bytes, grad_bytes = PRECISIONS.get(precision, (4, 4))
+    params = sum(i * o + o for i, o in layers)
+    acts = [batch * o * value_bytes for _, o in layers]  # each layer's output, crossing or all-gathered
+    kept = batch * sum(widths) * value_bytes  # the input and every layer's output, for the whole batch
+    states = model_states(params, optimizer=optimizer, precision=precision)
+    stages = stage_memory(widths, batch, n, optimizer, precision)
     per_stage = _deal(len(layers), n)
-    bounds, start = [], 0
-    for count in per_stage:
-        bounds.append((start, start + count))
-        start += count
-    stage_mem = [sum(params[a:b]) + sum(acts[a:b]) for a, b in bounds]
-    boundary_bytes = sum(2 * acts[b - 1] for _, b in bounds[:-1])
+    ends = [sum(per_stage[:s + 1]) for s in range(n)]  # layer index after each stage
+    boundary = [acts[end - 1] for end in ends[:-1]]  # activation crossing from stage s to s + 1
+    sent = [(boundary[s] if s < n - 1 else 0) + (boundary[s - 1] if s > 0 else 0) for s in range(n)]
     ring = 2 * (n - 1) / n
-    # per layer: all-gather its output forward ((N−1)/N of it), all-reduce its input's gradient
-    # backward (2(N−1)/N of it; the first layer's input is data and needs no gradient)
-    tensor_traffic = sum((n - 1) / n * a for a in acts) + sum(ring * a for a in acts[:-1])
-    return [
-        {"strategy": "data", "memory_per_device": sum(params) + sum(acts) / n,
-         "bytes_per_step": ring * sum(params), "idle_fraction": 0.0},
-        {"strategy": "layer split", "memory_per_device": max(stage_mem), "bytes_per_step": boundary_bytes,
-         "idle_fraction": bubble_fraction(n, 1)},
-        {"strategy": f"pipeline (M={micro_batches})", "memory_per_device": max(stage_mem),
-         "bytes_per_step": boundary_bytes, "idle_fraction": bubble_fraction(n, micro_batches)},
-        {"strategy": "tensor", "memory_per_device": (sum(params) + sum(acts)) / n,
-         "bytes_per_step": tensor_traffic, "idle_fraction": 0.0},
+    tensor_sent = sum((n - 1) / n * a for a in acts) + sum(ring * a for a in acts[:-1])
+    busiest = max(stages, key=lambda m: m["total"])
+    data_memory = {"weights": states.params, "gradients": states.grads, "optimizer": states.optimizer,
+                   "activations": kept / n}
+    tensor_memory = {"weights": states.params / n, "gradients": states.grads / n,
+                     "optimizer": states.optimizer / n, "activations": kept}
+    rows = [
+        ("data", data_memory, ring * params * grad_bytes, n * ring * params * grad_bytes, 0.0),
+        ("layer split", busiest, max(sent), sum(sent), bubble_fraction(n, 1)),
+        (f"pipeline (M={micro_batches})", busiest, max(sent), sum(sent), bubble_fraction(n, micro_batches)),
+        ("tensor", tensor_memory, tensor_sent, n * tensor_sent, 0.0),
     ]
+    return [{"strategy": name, "memory_per_device": sum(v for k, v in memory.items() if k != "total"),
+             "memory": {k: v for k, v in memory.items() if k != "total"},
+             "bytes_per_device": per_device, "bytes_total": total, "idle_fraction": idle}
+            for name, memory, per_device, total, idle in rows]
+
+
+def traffic_crossover(widths: Sequence[int], devices: int, measure: str = "bytes_per_device") -> int:
+    """The smallest batch at which a layer split sends at least as many bytes as data parallelism.
+
+    Data parallelism moves gradients (fixed by the model); a layer split moves activations
+    (growing with the batch). ``measure`` is ``"bytes_per_device"`` or ``"bytes_total"``.
+
+    Example:
+        >>> traffic_crossover([64, 512, 512, 512, 10], 4)
+        826
+    """
+    if measure not in ("bytes_per_device", "bytes_total"):
+        raise ValueError(f"measure={measure!r}: use 'bytes_per_device' or 'bytes_total'.")
+
+    def costs(batch: int) -> dict[str, float]:
+        rows = {r["strategy"]: r[measure] for r in parallelism_costs(widths, batch, devices)}
+        return rows
+
+    low, high = 1, 1
+    while costs(high)["layer split"] < costs(high)["data"]:
+        low, high = high, high * 2
+        if high > 2**40:
+            raise ValueError(f"a layer split of widths={list(widths)} never sends as much as data parallelism.")
+    while low < high:  # the layer split's bytes grow with the batch: bisect for the first batch that reaches
+        mid = (low + high) // 2
+        if costs(mid)["layer split"] >= costs(mid)["data"]:
+            high = mid
+        else:
+            low = mid + 1
+    return low

@@ -261,3 +261,49 @@ def draw_schedule(events: list, ax: Axes, unit: str = "time slot", title: str = 
     if title:
         ax.set_title(title, fontsize=9)
     return ax
+
+
+def _share_boxes(shares: list[int], height: int) -> str:
+    """One flex row of coloured boxes, one per replica, sized by its share of a batch."""
+    box = "display:flex;align-items:center;justify-content:center;overflow:hidden;white-space:nowrap"
+    cells = "".join(
+        f"<div title='replica {i}: {size} examples' style='flex:{size} 0 0;background:{device_color(i)};"
+        f"color:white;{box};border-right:1px solid #000'>{f'replica {i} · {size}' if size else ''}</div>"
+        for i, size in enumerate(shares))
+    return f"<div style='display:flex;height:{height}px;border:1px solid #000;margin:2px 0 8px'>{cells}</div>"
+
+
+def split_diagram_html(plan) -> str:  # noqa: ANN001 - a mirrored.BatchPlan
+    """How TensorFlow splits one global batch over the replicas, and one epoch as steps, as light HTML.
+
+    The shares are TensorFlow's (``plan.shares``, from :func:`mgpu_edu.mirrored.replica_shares`);
+    a short last batch is drawn with its own split, or struck out when it is dropped. HTML rather
+    than a matplotlib figure, so it redraws in a few milliseconds on every slider move.
+    """
+    shown = min(plan.steps_per_epoch, 60)
+    short = plan.last_batch < plan.global_batch and shown == plan.steps_per_epoch
+    steps = "".join("<div style='flex:1 0 0;margin-right:2px;background:#bbb'></div>" for _ in range(shown - short))
+    if short:
+        frac = plan.last_batch / plan.global_batch
+        steps += (f"<div style='flex:1 0 0;display:flex'><div style='flex:{frac:.3f} 0 0;background:#DD8452'>"
+                  f"</div><div style='flex:{1 - frac:.3f} 0 0'></div></div>")
+    if plan.dropped and shown == plan.steps_per_epoch:
+        frac = plan.dropped / plan.global_batch
+        steps += (f"<div title='dropped' style='flex:1 0 0;display:flex'><div style='flex:{frac:.3f} 0 0;"
+                  "background:repeating-linear-gradient(45deg,#fff,#fff 2px,#bbb 2px,#bbb 4px)'></div>"
+                  f"<div style='flex:{1 - frac:.3f} 0 0'></div></div>")
+    more = "" if shown == plan.steps_per_epoch else f" (first {shown} drawn)"
+    if plan.dropped:
+        last = f"the last {plan.dropped} examples are dropped (hatched):"
+    elif short:
+        last = f"last batch {plan.last_batch} examples (orange), split {', '.join(map(str, plan.last_shares))}:"
+    else:
+        last = "every batch is full:"
+    return (
+        "<div style='font:11px sans-serif;width:440px'>"
+        f"<div>TensorFlow splits a global batch of {plan.global_batch} over {plan.replicas} replica(s):</div>"
+        f"{_share_boxes(plan.shares, 30)}"
+        f"<div>one epoch = {plan.steps_per_epoch} steps{more}; {last}</div>"
+        f"<div style='display:flex;height:12px;margin-top:2px'>{steps}</div>"
+        + (_share_boxes(plan.last_shares, 16) if short and plan.replicas > 1 else "")
+        + "</div>")

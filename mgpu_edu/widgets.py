@@ -6,6 +6,7 @@ in both versions and needs no ``Output`` capture. Only lessons import this modul
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from mgpu_edu import allreduce, viz
@@ -75,13 +76,15 @@ class AllReduceStepper(_Displayed):
 class ReplicaBatchExplorer(_Displayed):
     """Choose replicas and batch size, see how a batch splits, then press Train to really train.
 
-    Live (no training): how one global batch splits over the replicas, per-replica batch,
-    steps per epoch, and the linearly scaled learning rate. **Train** trains ``build_model()``
-    with MirroredStrategy over exactly that many logical devices, behind a progress bar, and
-    adds a row to the results table (class ``mgpu-results``) and a bar to the chart. The root
-    widget has the CSS class ``mgpu-explorer``.
+    Live (no training): how TensorFlow splits one global batch over the replicas
+    (:func:`mgpu_edu.mirrored.replica_shares`, checked against TensorFlow), per-replica batch,
+    steps per epoch, the linearly scaled learning rate, and how ``fit`` weights the short last
+    batch. **Train** trains ``build_model()`` with MirroredStrategy over exactly that many
+    logical devices, behind a progress bar, and adds a row to the results table (class
+    ``mgpu-results``) and a bar to the chart. The root widget has the CSS class ``mgpu-explorer``.
 
-    Invalid choices (a global batch smaller than the replicas) are explained in the widget and
+    Choices ``fit`` can't train (a global batch smaller than the replicas, or a first batch
+    that splits unevenly) are explained in the widget, naming what to choose instead, and
     disable Train; a click while a run is going is ignored. Works with ipywidgets 7.7 and 8.
     No GPU: the replicas are logical CPUs sharing the cores, so examples/s won't grow.
 
@@ -91,7 +94,8 @@ class ReplicaBatchExplorer(_Displayed):
     """
 
     def __init__(self, build_model: Any, split: Any, devices: list[str] | None = None, batch: int = 32,
-                 base_lr: float = 0.05, base_batch: int = 32, epochs: int = 2, background: bool = True) -> None:
+                 base_lr: float = 0.05, base_batch: int = 32, epochs: int = 2, background: bool = True,
+                 drop_remainder: bool = True) -> None:
         import ipywidgets as w
 
         from mgpu_edu import devices as _devices
@@ -106,6 +110,8 @@ class ReplicaBatchExplorer(_Displayed):
         self.mode = w.ToggleButtons(options=[("per replica", "per_replica"), ("global", "global")],
                                     value="per_replica", description="batch is")
         self.epochs = w.IntSlider(value=epochs, min=1, max=10, description="epochs")
+        self.drop_remainder = w.Checkbox(value=drop_remainder, description="drop the short last batch",
+                                         indent=False)
         self.diagram = w.HTML()  # HTML, not a matplotlib PNG: it redraws in a few ms as sliders move
         self.diagram.add_class("mgpu-split-diagram")
         self.numbers = w.HTML()
@@ -115,11 +121,11 @@ class ReplicaBatchExplorer(_Displayed):
         self.table = w.HTML()
         self.table.add_class("mgpu-results")
         self.chart = w.Image(format="png")
-        controls = w.VBox([self.replicas, self.mode, self.batch, self.epochs])
+        controls = w.VBox([self.replicas, self.mode, self.batch, self.epochs, self.drop_remainder])
         self.root = w.VBox([w.HBox([controls, self.diagram]), self.numbers,
                             w.HBox([self.train_button, self.progress]), self.status, self.table, self.chart])
         self.root.add_class("mgpu-explorer")
-        for control in (self.replicas, self.batch, self.mode, self.epochs):
+        for control in (self.replicas, self.batch, self.mode, self.epochs, self.drop_remainder):
             control.observe(self._update, names="value")
         self.train_button.on_click(self._clicked)
         self._render_results()
@@ -131,23 +137,35 @@ class ReplicaBatchExplorer(_Displayed):
         from mgpu_edu import mirrored
 
         return mirrored.batch_plan(len(self.split.x_train), self.batch.value, self.replicas.value,
-                                   mode=self.mode.value, base_lr=self.base_lr, base_batch=self.base_batch)
+                                   mode=self.mode.value, base_lr=self.base_lr, base_batch=self.base_batch,
+                                   drop_remainder=self.drop_remainder.value)
 
     def _update(self, change: Any = None) -> None:
         try:
             plan = self.plan()
         except ValueError as error:
-            self.numbers.value = f"<p style='color:#b00'>⚠ {html_escape(str(error))}</p>"
+            self.numbers.value = f"<p style='color:#b00'>⚠ {html.escape(str(error))}</p>"
             self.train_button.disabled = True
             return
-        self.train_button.disabled = self.busy
-        self.diagram.value = split_diagram_html(plan)
-        note = " (uneven: the first replicas get one more)" if plan.uneven else ""
-        self.numbers.value = (
-            f"<p>{plan.replicas} replica(s) × {plan.per_replica} per replica = global batch "
-            f"<b>{plan.global_batch}</b>{note} · <b>{plan.steps_per_epoch}</b> steps per epoch over "
-            f"{plan.examples:,} examples · learning rate {self.base_lr:g} × {plan.global_batch}/{self.base_batch} "
-            f"= <b>{plan.learning_rate:.4g}</b> (linear scaling)</p>")
+        self.diagram.value = viz.split_diagram_html(plan)
+        shares = ", ".join(map(str, plan.shares))
+        text = (f"<p>{plan.replicas} replica(s): global batch <b>{plan.global_batch}</b>, split {shares} · "
+                f"<b>{plan.steps_per_epoch}</b> steps per epoch over {plan.examples:,} examples")
+        if plan.dropped:
+            text += f" ({plan.dropped} dropped)"
+        text += (f" · learning rate {self.base_lr:g} × {plan.global_batch}/{self.base_batch} = "
+                 f"<b>{plan.learning_rate:.4g}</b> (linear scaling)</p>")
+        weights = {round(v, 3) for v in plan.last_step_weights if v is not None}
+        if weights != {1.0}:
+            last = ", ".join(map(str, plan.last_shares))
+            scale = " and ".join(f"{v:g}×" for v in sorted(weights))
+            text += (f"<p>The last batch ({plan.last_batch}, split {last}) gets {scale} its right weight in "
+                     "fit: Keras divides each replica's mean loss by the number of replicas. Tick "
+                     "<i>drop the short last batch</i> to skip it.</p>")
+        if plan.fit_error:
+            text += f"<p style='color:#b00'>⚠ {html.escape(plan.fit_error)}</p>"
+        self.numbers.value = text
+        self.train_button.disabled = self.busy or plan.fit_error is not None
 
     # ------------------------------------------------------------------ training
     def _clicked(self, button: Any = None) -> None:
@@ -178,13 +196,14 @@ class ReplicaBatchExplorer(_Displayed):
             self.status.value = f"<p>Training on {', '.join(self.devices[:plan.replicas])} …</p>"
             result = mirrored.train_mirrored(
                 self.build_model, self.split, plan.replicas, plan.global_batch, epochs=epochs,
-                learning_rate=plan.learning_rate, devices=self.devices, on_batch=self._on_batch)
+                learning_rate=plan.learning_rate, devices=self.devices, on_batch=self._on_batch,
+                drop_remainder=plan.drop_remainder)
             self.results.append(result)
             self._render_results()
             self.status.value = (f"<p>Done: {result.replicas} replica(s), {result.seconds_per_epoch:.2f} s per "
                                  f"epoch, test accuracy {result.accuracy:.3f}.</p>")
         except Exception as error:  # noqa: BLE001 - shown in the widget, never a traceback in the notebook
-            self.status.value = f"<p style='color:#b00'>⚠ {html_escape(str(error) or repr(error))}</p>"
+            self.status.value = f"<p style='color:#b00'>⚠ {html.escape(str(error) or repr(error))}</p>"
         finally:
             self.busy = False  # only after the results are in, so a quick second click can't interleave
             self._update()
@@ -199,51 +218,14 @@ class ReplicaBatchExplorer(_Displayed):
             self.table.value = "<p><i>No runs yet: press Train.</i></p>"
             return
         rows = [r.row() for r in self.results]
-        head = "".join(f"<th>{html_escape(k)}</th>" for k in rows[0])
-        body = "".join("<tr>" + "".join(f"<td>{html_escape(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
+        head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row.values()) + "</tr>" for row in rows)
         self.table.value = (f"<table class='mgpu-results-table'><thead><tr>{head}</tr></thead>"
                             f"<tbody>{body}</tbody></table>")
         fig = viz.new_figure(8, 2.3)
         viz.draw_runs(self.results, (fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)))
         fig.tight_layout()
         self.chart.value = viz.figure_png(fig)
-
-
-def split_diagram_html(plan: Any) -> str:
-    """How one global batch splits over the replicas, and one epoch as steps, as light HTML.
-
-    HTML rather than a matplotlib figure, so it redraws in a few milliseconds on every slider
-    move.
-    """
-    from mgpu_edu.parallel import shard_sizes
-
-    box = "display:flex;align-items:center;justify-content:center;overflow:hidden;white-space:nowrap"
-    shares = "".join(
-        f"<div title='replica {i}: {size} examples' style='flex:{size} 0 0;background:{viz.device_color(i)};"
-        f"color:white;{box};border-right:1px solid #000'>{f'replica {i} · {size}' if size else ''}</div>"
-        for i, size in enumerate(shard_sizes(plan.global_batch, plan.replicas)))
-    shown = min(plan.steps_per_epoch, 60)
-    short = plan.last_batch < plan.global_batch and shown == plan.steps_per_epoch
-    steps = "".join(
-        "<div style='flex:1 0 0;margin-right:2px;background:#bbb'></div>" for _ in range(shown - short))
-    if short:
-        frac = plan.last_batch / plan.global_batch
-        steps += (f"<div style='flex:1 0 0;display:flex'><div style='flex:{frac:.3f} 0 0;background:#DD8452'>"
-                  f"</div><div style='flex:{1 - frac:.3f} 0 0'></div></div>")
-    more = "" if shown == plan.steps_per_epoch else f" (first {shown} drawn)"
-    return (
-        "<div style='font:11px sans-serif;width:440px'>"
-        f"<div>global batch of {plan.global_batch}, split over {plan.replicas} replica(s):</div>"
-        f"<div style='display:flex;height:30px;border:1px solid #000;margin:2px 0 8px'>{shares}</div>"
-        f"<div>one epoch = {plan.steps_per_epoch} steps{more}; last batch {plan.last_batch} examples:</div>"
-        f"<div style='display:flex;height:12px;margin-top:2px'>{steps}</div></div>")
-
-
-def html_escape(text: str) -> str:
-    """Escape text for an HTML widget."""
-    import html
-
-    return html.escape(text)
 
 
 class PipelineExplorer(_Displayed):
@@ -287,14 +269,16 @@ class ScalingSimulator(_Displayed):
     """The scaling model (:mod:`mgpu_edu.costmodel`) with controls: model size, batch, device, link, algorithm.
 
     Shows each step's compute and all-reduce time for 1 … N replicas, and the scaling
-    efficiency. Pure arithmetic: it runs instantly, with or without a GPU.
+    efficiency. The device's rate is its datasheet peak × ``utilisation``, the share of peak
+    training really reaches (1.0 = the peak itself; lesson 07 derives one from a measured
+    run). Pure arithmetic: it runs instantly, with or without a GPU.
 
     Example:
         >>> ScalingSimulator()  # doctest: +SKIP
     """
 
-    def __init__(self, params_millions: float = 25.6, gflops_per_example: float = 12.3, batch: int = 64,
-                 device: str = "T4", link: str = "PCIe 3", max_replicas: int = 16) -> None:
+    def __init__(self, params_millions: float = 25.6, gflops_per_example: float = 24.6, batch: int = 64,
+                 device: str = "T4", link: str = "PCIe 3", max_replicas: int = 16, utilisation: float = 1.0) -> None:
         import ipywidgets as w
 
         from mgpu_edu import allreduce, costmodel
@@ -305,8 +289,14 @@ class ScalingSimulator(_Displayed):
         self.flops = w.FloatLogSlider(value=gflops_per_example, base=10, min=-2, max=3,
                                       description="GFLOPs / example", style=style)
         self.batch = w.IntSlider(value=batch, min=1, max=1024, description="batch per replica", style=style)
-        self.device = w.Dropdown(options=list(costmodel.DEVICES), value=device, description="device", style=style)
-        self.precision = w.ToggleButtons(options=["fp32", "mixed"], value="fp32", description="precision",
+        costmodel.positive_number("utilisation", utilisation)
+        if utilisation > 1:
+            raise ValueError(f"utilisation={utilisation!r} is a share of the peak: pick a number from 0 to 1.")
+        self.device = w.Dropdown(options=list(costmodel.PEAK_TFLOPS), value=device, description="device (peak)",
+                                 style=style)
+        self.utilisation = w.FloatSlider(value=utilisation, min=0.01, max=1, step=0.01, readout_format=".0%",
+                                         description="share of peak", style=style)
+        self.precision = w.ToggleButtons(options=["fp32", "tf32", "mixed"], value="fp32", description="precision",
                                          style=style)
         self.link = w.Dropdown(options=list(costmodel.LINKS), value=link, description="link", style=style)
         self.algorithm = w.Dropdown(options=list(allreduce.ALGORITHMS), value="ring", description="all-reduce",
@@ -315,9 +305,9 @@ class ScalingSimulator(_Displayed):
         self.max_replicas = w.IntSlider(value=max_replicas, min=2, max=64, description="replicas up to", style=style)
         self.image = w.Image(format="png")
         self.info = w.HTML()
-        controls = [self.params, self.flops, self.batch, self.device, self.precision, self.link, self.algorithm,
-                    self.overlap, self.max_replicas]
-        self.root = w.VBox([w.HBox([w.VBox(controls[:5]), w.VBox(controls[5:])]), self.info, self.image])
+        controls = [self.params, self.flops, self.batch, self.device, self.utilisation, self.precision, self.link,
+                    self.algorithm, self.overlap, self.max_replicas]
+        self.root = w.VBox([w.HBox([w.VBox(controls[:6]), w.VBox(controls[6:])]), self.info, self.image])
         self.root.add_class("mgpu-scaling")
         for control in controls:
             control.observe(self._draw, names="value")
@@ -327,9 +317,12 @@ class ScalingSimulator(_Displayed):
         """The current controls as costmodel keyword arguments."""
         from mgpu_edu import costmodel
 
-        return {"device_tflops": costmodel.DEVICES[self.device.value][self.precision.value],
+        peaks = costmodel.PEAK_TFLOPS[self.device.value]
+        peak = peaks.get(self.precision.value, peaks["fp32"])  # no TF32 on a T4: float32 runs as fp32
+        # Keras's mixed precision keeps float32 variables, so gradients are all-reduced in float32
+        return {"device_tflops": peak * self.utilisation.value,
                 "link_gbytes_per_s": costmodel.LINKS[self.link.value], "algorithm": self.algorithm.value,
-                "overlap": self.overlap.value, "bytes_per_param": 4 if self.precision.value == "fp32" else 2}
+                "overlap": self.overlap.value, "bytes_per_param": 4}
 
     def _draw(self, change: Any = None) -> None:
         from mgpu_edu import costmodel

@@ -115,18 +115,53 @@ def test_alpha_beta_model():
         allreduce.simulate("ring", 0)
 
 
-def test_agrees_with_tensorflow_reductions(four_devices):
+def test_oracle_agrees_with_tensorflow_reductions_and_names_what_ran(four_devices):
+    """Our ring gives TensorFlow's sums, and the graph shows which all-reduce MirroredStrategy runs."""
     import tensorflow as tf
 
     arrays = [np.random.default_rng(i).normal(size=(3, 5)).astype("float32") for i in range(4)]
     tensors = _placed(four_devices, arrays, "float32")
     ours = allreduce.ring_allreduce(tensors)
-    for ops, name in [(None, "CollectiveAllReduce"), (tf.distribute.ReductionToOneDevice(), "ReductionToOneDevice"),
-                      (tf.distribute.HierarchicalCopyAllReduce(), "HierarchicalCopyAllReduce")]:
-        theirs, used = allreduce.tf_allreduce(tensors, ops)
-        assert used == name
-        for a, b in zip(ours, theirs, strict=True):
+    expected = {
+        None: ("CollectiveAllReduce (ring)", {"CollectiveReduceV2": 4, "CollectiveReduceV2:ring": 4}),
+        "one": ("ReductionToOneDevice", {"AddN": 1}),
+        "hierarchical": ("HierarchicalCopyAllReduce", {"AddN": 3}),
+    }
+    choices = {None: None, "one": tf.distribute.ReductionToOneDevice(),
+               "hierarchical": tf.distribute.HierarchicalCopyAllReduce()}
+    for key, ops in choices.items():
+        result = allreduce.tf_allreduce(tensors, ops)
+        assert (result.implementation, result.graph_ops) == expected[key]
+        for a, b in zip(ours, result.sums, strict=True):
             np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+
+
+def test_oracle_mirrored_strategy_picks_collective_ring_on_logical_cpus(four_devices):
+    """MirroredStrategy's default on logical CPUs: CollectiveAllReduce with the ring implementation.
+
+    (On logical GPUs TensorFlow's source picks the ring too, NCCL only on physical GPUs: that needs a
+    GPU to check, see docs/gpu-runs.md.)
+    """
+    from mgpu_edu import mirrored
+
+    strategy = mirrored.make_strategy(four_devices)
+    assert type(strategy.extended._cross_device_ops).__name__ == "CollectiveAllReduce"
+    assert strategy.extended._communication_options.implementation.name == "RING"
+
+
+def test_oracle_keras_all_reduces_every_gradient_in_one_pack(four_devices):
+    """Keras 3's apply_gradients launches one all-reduce per replica; bytes_per_pack splits it."""
+    from mgpu_edu import mirrored, models
+
+    strategy = mirrored.make_strategy(four_devices)
+    with strategy.scope():
+        model = models.mlp(64, 10, hidden=(64, 64))  # gradients of 16,384, 256, 16,384, 256, 2,560 and 40 bytes
+    assert allreduce.gradient_allreduces(strategy, model) == 1
+    assert allreduce.gradient_allreduces(strategy, model, bytes_per_pack=0) == 1
+    assert allreduce.gradient_allreduces(strategy, model, bytes_per_pack=1000) == 3
+    assert allreduce.gradient_allreduces(strategy, model, bytes_per_pack=20_000) == 1
+    with pytest.raises(ValueError, match="bytes_per_pack=-1"):
+        allreduce.gradient_allreduces(strategy, model, bytes_per_pack=-1)
 
 
 @pytest.mark.widgets

@@ -130,3 +130,59 @@ def test_function_stubs_are_unsolved_and_forgotten_returns_are_explained(capsys)
     assert "forget the `return`" in check.combine_function(forgot_return).message
     assert "no parentheses" in check.combine_function(2.0).message
     assert "no parentheses" in check.shard_sizes_function([3, 3]).message
+
+
+def test_placed_on_checks_the_value_too(four_devices):
+    import tensorflow as tf
+
+    with tf.device(four_devices[-1]):
+        right, wrong = tf.reduce_sum(tf.ones((3, 3))), tf.reduce_sum(tf.ones((2, 2)))
+    assert check.placed_on(right, four_devices[-1], expected=9.0).correct
+    feedback = check.placed_on(wrong, four_devices[-1], expected=9.0)
+    assert feedback.status == "wrong" and "holds 4, not 9" in feedback.message
+    assert check.placed_on(right, four_devices[0], expected=9.0).status == "wrong"
+
+
+@pytest.mark.parametrize("name", ["/CPU:0", "CPU:0", "/cpu:0", "/device:CPU:0",
+                                  "/job:localhost/replica:0/task:0/device:CPU:0"])
+def test_device_names_takes_every_spelling_tf_device_takes(name):
+    assert check.device_names([name, "/device:CPU:1"], ["/device:CPU:0", "/device:CPU:1"]).correct
+
+
+def _number_types(value):
+    """value as every real-number type a learner can produce."""
+    import numpy as np
+    import tensorflow as tf
+
+    kinds = [value, float(value), np.float64(value), np.float32(value), np.array(value), tf.constant(float(value))]
+    if float(value).is_integer():
+        kinds += [int(value), np.int64(value), np.int32(value), tf.constant(int(value))]
+    return kinds
+
+
+@pytest.mark.parametrize(("fn", "answer", "kwargs"), [
+    (check.micro_batches, 96, {"stages": 6, "target": 0.05}),
+    (check.memory_split, 2304, {"total_mb": 15360, "n": 5}),
+    (check.cross_device_bytes, 7_000_000, {"readers": 8, "elements": 250_000}),
+    (check.ring_bytes, 10_000_000, {"n": 6, "nbytes": 6_000_000}),
+    (check.ring_steps, 14, {"n": 8}),
+    (check.steps_per_epoch, 30, {"examples": 5656, "per_replica": 48, "replicas": 4}),
+    (check.scaled_lr, 0.04, {"base_lr": 0.01, "base_batch": 32, "replicas": 4, "per_replica": 32}),
+    (check.replica_loss, 0.125, {"loss_sum": 8.0, "per_replica": 16, "global_batch": 64}),
+    (check.python_runs, 8, {"replicas": 8}),
+    (check.kernel_shard, 1_048_576, {"inputs": 1024, "outputs": 4096, "devices": 4}),
+    (check.allreduce_seconds, 0.06, {"params": 100e6, "replicas": 4, "gbytes_per_s": 10}),
+    (check.model_speedup, 3.2, {"compute_s": 0.1, "comm_s": 0.025, "replicas": 4}),
+    (check.global_batch_workers, 256, {"workers": 4, "per_worker": 64}),
+    (check.staleness, 4, {"workers": 5}),
+])
+def test_every_numeric_check_takes_every_number_type(fn, answer, kwargs):
+    for kind in _number_types(answer):
+        assert fn(kind, **kwargs).correct, (fn.__name__, type(kind), kind)
+    assert fn(True, **kwargs).status == "wrong"  # a bool is not a number here
+    assert fn("1", **kwargs).status == "wrong"
+
+
+def test_whole_number_checks_reject_fractions():
+    feedback = check.micro_batches(96.5, stages=6, target=0.05)
+    assert feedback.status == "wrong" and "whole number" in feedback.message

@@ -163,3 +163,43 @@ def test_budget_script_rewrites_every_time_in_the_guide(tmp_path):
     budgets.refresh_guide(rows, guide)
     expected = {row["lesson"][:2]: f"{row['seconds']:.1f}" for row in rows}
     assert _guide_times(guide.read_text(encoding="utf-8")) == (expected, expected, "12.6")
+
+
+def _package_namespace() -> dict:
+    """Every mgpu_edu module by its short name, and every public name they define (for lesson expressions)."""
+    import importlib
+    import pkgutil
+
+    import mgpu_edu
+
+    namespace = {"mgpu_edu": mgpu_edu}
+    for info in pkgutil.iter_modules(mgpu_edu.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"mgpu_edu.{info.name}")
+        namespace[info.name] = module
+        namespace.update({k: v for k, v in vars(module).items() if not k.startswith("_") and callable(v)})
+    return namespace
+
+
+def _show_source_outputs():
+    for file, _ in course.LESSONS:
+        nb = nbformat.read(LESSONS / file, as_version=4)
+        for cell in nb.cells:
+            match = cell.cell_type == "code" and re.search(r"show_source\((.+)\)\s*$", cell.source, flags=re.M)
+            if match:
+                yield file, match.group(1), cell
+
+
+@pytest.mark.parametrize(("file", "expression", "cell"), list(_show_source_outputs()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_stored_show_source_outputs_match_the_code(file, expression, cell):
+    """A lesson that walks through package code shows the code as it is now (run make lessons after an edit)."""
+    from mgpu_edu import show_source
+
+    stored = [o for o in cell.outputs if o.get("output_type") == "execute_result"]
+    assert stored, f"{file}: show_source({expression}) has no stored output; run make lessons"
+    current = repr(show_source(eval(expression, _package_namespace())))
+    # Jupyter stores a text result without its final newline
+    assert stored[0]["data"]["text/plain"] == current.rstrip("\n"), \
+        f"{file}: show_source({expression}) is stale; run make lessons"

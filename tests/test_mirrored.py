@@ -1,4 +1,8 @@
-"""MirroredStrategy helpers and the replicas × batch explorer, without a browser."""
+"""MirroredStrategy helpers and the replicas × batch explorer, without a browser.
+
+The tests marked "oracle" ask TensorFlow and Keras themselves: what the lessons say about how
+a batch splits and how ``fit`` scales a step is compared with a real run beside one device.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,13 @@ import math
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from mgpu_edu import data, mirrored, models
 
 
-def test_seed_004_arithmetic():
+def test_cassava_tutorial_arithmetic():
     assert mirrored.steps_per_epoch(5656, 64) == 89
     assert mirrored.steps_per_epoch(5656, 128) == 45
     plan = mirrored.batch_plan(5656, 64, 2)
@@ -19,13 +24,195 @@ def test_seed_004_arithmetic():
 
 
 @pytest.mark.parametrize(("batch", "replicas", "mode", "per", "glob"), [
-    (32, 4, "per_replica", 32, 128), (100, 3, "global", 34, 100), (4, 4, "global", 1, 4), (7, 1, "global", 7, 7)])
+    (32, 4, "per_replica", 32, 128), (100, 3, "global", 34, 100), (4, 4, "global", 1, 4), (7, 1, "global", 7, 7),
+    (30, 4, "global", 8, 30)])
 def test_batch_plan_modes(batch, replicas, mode, per, glob):
     plan = mirrored.batch_plan(1000, batch, replicas, mode=mode, base_lr=0.1, base_batch=32)
     assert (plan.per_replica, plan.global_batch) == (per, glob)
     assert plan.steps_per_epoch == math.ceil(1000 / glob)
     assert plan.learning_rate == pytest.approx(0.1 * glob / 32)
     assert plan.uneven == (glob % replicas != 0)
+    assert sum(plan.shares) == glob and plan.shares[0] == per
+    assert (plan.fit_error is None) == (glob % replicas == 0)
+
+
+def test_drop_remainder_plan():
+    plan = mirrored.batch_plan(1438, 32, 4, drop_remainder=True)
+    assert (plan.steps_per_epoch, plan.last_batch, plan.dropped) == (11, 128, 30)
+    assert plan.last_step_weights == [1.0] * 4
+    kept = mirrored.batch_plan(1438, 32, 4)
+    assert (kept.steps_per_epoch, kept.last_shares) == (12, [8, 8, 8, 6])
+    assert kept.last_step_weights == [0.9375, 0.9375, 0.9375, 1.25]
+    with pytest.raises(ValueError, match="leaves no full batch in 100 examples"):
+        mirrored.batch_plan(100, 64, 4, drop_remainder=True)
+
+
+def test_fit_error_names_the_value_and_the_fix():
+    assert "Choose a multiple of 4 (28 or 32)" in mirrored.batch_plan(1438, 30, 4, mode="global").fit_error
+    too_big = mirrored.batch_plan(1438, 512, 4).fit_error  # one batch of 1,438: 360, 360, 360, 358
+    assert "360, 360, 360, 358" in too_big and "at most 359 per replica" in too_big
+    assert mirrored.batch_plan(1438, 512, 1).fit_error is None
+    assert mirrored.batch_plan(1440, 512, 4).fit_error is None  # one batch of 1,440 splits 360 × 4
+
+
+@pytest.mark.parametrize(("shares", "weights"), [
+    ([16, 16, 16, 16], [1.0, 1.0, 1.0, 1.0]), ([2, 2, 2, 0], [0.75, 0.75, 0.75, None]), ([5], [1.0])])
+def test_fit_example_weights(shares, weights):
+    assert mirrored.fit_example_weights(shares) == weights
+
+
+@pytest.mark.parametrize("bad", [[], [2, -1], [2, 1.5], [True], "22"])
+def test_fit_example_weights_rejects_bad_shares(bad):
+    with pytest.raises(ValueError, match="shares="):
+        mirrored.fit_example_weights(bad)
+
+
+# ----------------------------------------------------------------------------- oracles: TensorFlow itself
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 4])
+def test_oracle_replica_shares_are_tensorflows_split(four_devices, replicas):
+    """replica_shares (drawn by the explorer, stated by lesson 04) is exactly how TensorFlow splits."""
+    import tensorflow as tf
+
+    strategy = mirrored.make_strategy(four_devices[:replicas])
+    for examples, batch in [(70, 64), (60, 30), (10, 10), (13, 5), (7, 7), (3, 3), (5, 2), (33, 16)]:
+        for drop in (False, True):
+            dataset = tf.data.Dataset.range(examples).batch(batch, drop_remainder=drop)
+            sizes = [batch] * (examples // batch) + ([] if drop or examples % batch == 0 else [examples % batch])
+            assert mirrored.observed_shares(strategy, dataset) == [mirrored.replica_shares(b, replicas)
+                                                                   for b in sizes], (examples, batch, drop)
+    x, y = np.zeros((70, 3), "float32"), np.zeros(70, "int32")  # the lessons' pipeline splits the same way
+    assert mirrored.observed_shares(strategy, mirrored.input_pipeline(x, y, 64)) == [
+        mirrored.replica_shares(64, replicas), mirrored.replica_shares(6, replicas)]
+
+
+def _linear(seed=0):
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+
+
+def _xy(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, 8)).astype("float32"), rng.integers(0, 3, n).astype("int32")
+
+
+def test_oracle_fit_scales_each_replica_mean_by_one_over_n(four_devices):
+    """Keras 3 fit on 4 replicas: a short last batch split 2, 2, 2, 0 gets 0.75 × the one-device step."""
+    x, y = _xy(70)
+    uneven = mirrored.compare_fit(_linear, x, y, 64, four_devices)
+    assert uneven.shares == [[16, 16, 16, 16], [2, 2, 2, 0]]
+    assert uneven.step_ratios == pytest.approx([1.0, 0.75], abs=1e-4)
+    assert uneven.step_ratios[1] == pytest.approx(mirrored.fit_example_weights([2, 2, 2, 0])[0], abs=1e-4)
+    assert uneven.max_difference > 0.01
+    dropped = mirrored.compare_fit(_linear, x, y, 64, four_devices, drop_remainder=True)
+    assert dropped.shares == [[16, 16, 16, 16]] and dropped.max_difference < 1e-5
+    one = mirrored.compare_fit(_linear, x, y, 64, four_devices[:1])  # one replica: fit's mean is the right one
+    assert one.step_ratios == pytest.approx([1.0, 1.0], abs=1e-4)
+
+
+def test_oracle_fit_weights_unequal_shares_as_fit_example_weights_says(four_devices):
+    """A last batch split 8, 8, 8, 6: fit's step is the one-device step on examples weighted B/(N·n_k)."""
+    import keras
+    import tensorflow as tf
+
+    x, y = _xy(62)  # batches of 32 ([8, 8, 8, 8]) and 30 ([8, 8, 8, 6])
+    strategy = mirrored.make_strategy(four_devices)
+    with strategy.scope():
+        model = _linear()
+        model.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1, verbose=0)
+    reference, optimizer = _linear(), keras.optimizers.SGD(0.5)
+    loss_fn = models.per_example_loss()
+    for start, end in [(0, 32), (32, 62)]:
+        shares = mirrored.replica_shares(end - start, 4)
+        weights = np.repeat([w or 0.0 for w in mirrored.fit_example_weights(shares)], shares)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(y[start:end], reference(x[start:end])) * weights)
+        optimizer.apply_gradients(zip(tape.gradient(loss, reference.trainable_variables),
+                                      reference.trainable_variables, strict=True))
+    for got, want in zip(model.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_oracle_fit_fails_when_its_first_batch_splits_unevenly(four_devices):
+    """What BatchPlan.fit_error predicts: fit on 30 examples a batch over 4 replicas fails in AddN."""
+    import keras
+    import tensorflow as tf
+
+    assert mirrored.batch_plan(60, 30, 4, mode="global").fit_error
+    x, y = _xy(60)
+    strategy = mirrored.make_strategy(four_devices)
+    with strategy.scope():
+        model = _linear()
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(30), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="Choose a multiple of 4"):
+        mirrored.train_mirrored(lambda: models.small_cnn((8, 8, 1), 10), _small_split(), replicas=4,
+                                global_batch=30, devices=four_devices)
+
+
+def _custom_loop(strategy, x, y, batch, optimizer, **options):
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = _linear()
+        opt = optimizer()
+    step = mirrored.make_train_step(strategy, model, opt, models.per_example_loss(), **options)
+    dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(batch))
+    losses = [float(step(b)) for b in dataset]
+    return model, losses
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_oracle_custom_step_is_the_one_device_step_with_uneven_batches(four_devices, optimizer):
+    """make_train_step over 4 replicas, last batch split 2, 2, 2, 0, equals fit on one device."""
+    import keras
+    import tensorflow as tf
+
+    make = {"sgd": lambda: keras.optimizers.SGD(0.5), "adam": lambda: keras.optimizers.Adam(0.05)}[optimizer]
+    x, y = _xy(70)
+    strategy = mirrored.make_strategy(four_devices)
+    assert mirrored.observed_shares(strategy, tf.data.Dataset.from_tensor_slices((x, y)).batch(64))[-1] == [2, 2, 2, 0]
+    custom, losses = _custom_loop(strategy, x, y, 64, make)
+    reference = _linear()
+    reference.compile(optimizer=make(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    per_step = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: per_step.append(logs["loss"]))
+    reference.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=1, verbose=0, callbacks=[record])
+    for got, want in zip(custom.get_weights(), reference.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # each step's returned loss is that batch's mean (fit's logged loss is a running mean over the epoch)
+    assert losses[0] == pytest.approx(per_step[0], rel=1e-5)
+    assert (losses[0] * 64 + losses[1] * 6) / 70 == pytest.approx(per_step[1], rel=1e-5)
+    constant, _ = _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, make, divide_by=64)
+    difference = max(float(np.max(np.abs(a - b))) for a, b in zip(constant.get_weights(), reference.get_weights(),
+                                                                           strict=True))
+    assert difference > 1e-3  # dividing the short batch by 64 instead of 6 takes a smaller, wrong step
+
+
+def test_oracle_adam_needs_building_in_scope_before_strategy_run(four_devices):
+    """Adam's slots made inside strategy.run under tf.function fail; building first in the scope works."""
+    import keras
+    import tensorflow as tf
+
+    x, y = _xy(64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"):
+        _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01),
+                     build_optimizer=False)
+    _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.SGD(0.1),
+                 build_optimizer=False)  # no slots, nothing to build: works either way
+    model, losses = _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01))
+    assert len(losses) == 1 and math.isfinite(losses[0])
+
+
+def test_make_train_step_rejects_a_bad_divisor(four_devices):
+    with pytest.raises(ValueError, match="divide_by=0"):
+        mirrored.make_train_step(None, None, None, None, divide_by=0)
 
 
 def test_invalid_combinations_are_explained():
@@ -83,16 +270,27 @@ def test_explorer_live_part_and_invalid_choice():
                                     background=False)
     assert "mgpu-explorer" in explorer.root._dom_classes and "mgpu-results" in explorer.table._dom_classes
     assert explorer.replicas.max == 4  # more replicas than devices can't be chosen
+    assert explorer.drop_remainder.value  # fit mis-scales the short last batch, so it is dropped by default
     explorer.replicas.value, explorer.batch.value = 4, 32
     assert "global batch <b>128</b>" in explorer.numbers.value and "<b>2</b> steps" in explorer.numbers.value
     assert "<b>0.2</b>" in explorer.numbers.value  # 0.05 × 128 / 32
+    assert "its right weight" not in explorer.numbers.value  # 256 examples: two full batches of 128
+    explorer.replicas.value, explorer.batch.value, explorer.drop_remainder.value = 3, 10, False
+    # 256 = 8 × 30 + 16, and TensorFlow splits the last 16 as 6, 6, 4
+    assert "(16, split 6, 6, 4) gets 0.889× and 1.333× its right weight" in explorer.numbers.value
+    explorer.drop_remainder.value = True
+    assert "<b>8</b> steps" in explorer.numbers.value and "(16 dropped)" in explorer.numbers.value
+    explorer.replicas.value = 4
     explorer.mode.value = "global"
     explorer.batch.value = 3
     assert "can&#x27;t be split over 4 replicas" in explorer.numbers.value
     assert explorer.train_button.disabled
     assert explorer.train() is None and "⚠" in explorer.status.value  # explained, no exception
-    explorer.batch.value = 10
-    assert not explorer.train_button.disabled and "uneven" in explorer.numbers.value
+    explorer.batch.value = 30  # TensorFlow splits 8, 8, 8, 6: drawn as such, and fit can't train it
+    assert "split 8, 8, 8, 6" in explorer.numbers.value and "replica 3 · 6" in explorer.diagram.value
+    assert "Choose a multiple of 4 (28 or 32)" in explorer.numbers.value and explorer.train_button.disabled
+    explorer.batch.value = 32
+    assert not explorer.train_button.disabled
 
 
 @pytest.mark.widgets

@@ -109,13 +109,47 @@ def test_tensor_parallel_dense_equals_dense(four_devices, n):
         assert out.device.endswith(device.split("device:")[-1])
 
 
-def test_parallelism_costs():
-    rows = {r["strategy"]: r for r in pipeline.parallelism_costs([64, 128, 10], batch=32, devices=2)}
-    params = (64 * 128 + 128 + 128 * 10 + 10) * 4
-    assert rows["data"]["bytes_per_step"] == pytest.approx(2 * 1 / 2 * params)
-    assert rows["layer split"]["bytes_per_step"] == 2 * 32 * 128 * 4
-    assert rows["tensor"]["memory_per_device"] == pytest.approx((params + 32 * (128 + 10) * 4) / 2)
+def test_parallelism_costs_label_per_device_and_total_bytes():
+    rows = {r["strategy"]: r for r in pipeline.parallelism_costs([64, 128, 10], batch=32, devices=2, optimizer="sgd")}
+    weights = (64 * 128 + 128 + 128 * 10 + 10) * 4
+    acts = 32 * (64 + 128 + 10) * 4  # the input and every layer's output, kept for the backward pass
+    # data: each device sends 2(N−1)/N of the gradients; both together twice that
+    assert rows["data"]["bytes_per_device"] == pytest.approx(2 * 1 / 2 * weights)
+    assert rows["data"]["bytes_total"] == pytest.approx(2 * rows["data"]["bytes_per_device"])
+    # one boundary: device 0 sends the activation forward, device 1 its gradient back
+    assert rows["layer split"]["bytes_per_device"] == 32 * 128 * 4
+    assert rows["layer split"]["bytes_total"] == 2 * 32 * 128 * 4
+    # memory now counts gradients (SGD keeps no other state) and every device keeps all activations in tensor
+    assert rows["data"]["memory_per_device"] == pytest.approx(2 * weights + acts / 2)
+    assert rows["tensor"]["memory_per_device"] == pytest.approx(2 * weights / 2 + acts)
     assert rows["layer split"]["idle_fraction"] == 0.5 and rows["data"]["idle_fraction"] == 0
+    adam = {r["strategy"]: r for r in pipeline.parallelism_costs([64, 128, 10], batch=32, devices=2)}
+    assert adam["data"]["memory"] == {"weights": weights, "gradients": weights, "optimizer": 2 * weights,
+                                      "activations": acts / 2}
+
+
+def test_stage_memory_adds_up_to_the_whole_model():
+    stages = pipeline.stage_memory([64, 512, 512, 512, 10], 512, 4)
+    weights = (64 * 512 + 512 + 2 * (512 * 512 + 512) + 512 * 10 + 10) * 4
+    assert sum(m["weights"] for m in stages) == weights
+    assert all(m["optimizer"] == 2 * m["weights"] and m["gradients"] == m["weights"] for m in stages)
+    # each stage keeps its input (for the kernel gradient) and its layer's output (for ReLU's)
+    assert [m["activations"] for m in stages] == [512 * (i + o) * 4 for i, o in [(64, 512), (512, 512), (512, 512),
+                                                                             (512, 10)]]
+
+
+def test_traffic_crossover_is_where_the_layer_split_catches_up():
+    widths = [64, 512, 512, 512, 10]
+    for measure in ("bytes_per_device", "bytes_total"):
+        b = pipeline.traffic_crossover(widths, 4, measure)
+        before = {r["strategy"]: r[measure] for r in pipeline.parallelism_costs(widths, b - 1, 4)}
+        at = {r["strategy"]: r[measure] for r in pipeline.parallelism_costs(widths, b, 4)}
+        assert before["layer split"] < before["data"] and at["layer split"] >= at["data"]
+    assert pipeline.traffic_crossover(widths, 4) == 826  # 2 × 512 × 4 bytes × B ≥ 1.5 × the gradient bytes
+    with pytest.raises(ValueError, match="measure='bytes'"):
+        pipeline.traffic_crossover(widths, 4, "bytes")
+    with pytest.raises(ValueError, match="widths="):
+        pipeline.parallelism_costs([64], 16, 2)
 
 
 def test_a_failing_stage_raises_instead_of_hanging(four_devices):

@@ -1,0 +1,150 @@
+"""What the lessons say Keras and TensorFlow do, asked of Keras and TensorFlow themselves.
+
+Each test is an oracle for one sentence in a lesson: it runs the real thing on the logical
+devices of this process (see conftest.four_devices) and checks the claim, not our arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from mgpu_edu import mirrored, models
+
+
+def test_softmax_output_keeps_its_logits_for_keras_losses(four_devices):
+    """Lesson 04 §4: a from_logits=True loss uses the logits behind a softmax output tensor; plain
+    arrays (what predict returns) hit the softmax-twice floor."""
+    import keras
+    import tensorflow as tf
+
+    buggy, fixed = models.text_cnn(50, 12, 4, softmax_output=True), models.text_cnn(50, 12, 4)
+    x = np.random.default_rng(0).integers(0, 50, (64, 12)).astype("int32")
+    y = np.random.default_rng(1).integers(0, 4, 64).astype("int32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    output = buggy(x)
+    assert hasattr(output, "_keras_logits")
+    assert float(loss(y, output)) == pytest.approx(float(loss(y, fixed(x))), rel=1e-5)
+    probabilities = np.asarray(output)  # what predict returns: plain numbers, the logits are gone
+    twice = -np.log(np.exp(probabilities) / np.exp(probabilities).sum(axis=1, keepdims=True))[np.arange(64), y]
+    assert float(loss(y, probabilities)) == pytest.approx(float(twice.mean()), rel=1e-5)  # softmax applied again
+    floor = math.log(1 + (4 - 1) / math.e)  # even a perfect prediction costs this
+    assert float(loss(np.zeros(1, "int32"), np.array([[1.0, 0, 0, 0]], "float32"))) == pytest.approx(floor, rel=1e-5)
+    assert float(loss(y, probabilities)) >= floor
+    # inside fit too: the buggy model trains exactly like the fixed one
+    for model in (buggy, fixed):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss)
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=1, verbose=0)
+    for a, b in zip(buggy.get_weights(), fixed.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_compute_average_loss_default_is_local_size_times_replicas(four_devices):
+    """Lesson 05 §2: without global_batch_size, tf.nn.compute_average_loss divides by this
+    replica's size × the replicas: 2 × 4 = 8 on a batch of 6 split 2, 2, 2, 0."""
+    import tensorflow as tf
+
+    strategy = mirrored.make_strategy(four_devices)
+    losses = np.arange(1, 7, dtype="float32")
+    batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(losses).batch(6))))
+
+    @tf.function
+    def average(values):
+        default = strategy.run(tf.nn.compute_average_loss, args=(values,))
+        exact = strategy.run(lambda v: tf.nn.compute_average_loss(v, global_batch_size=6), args=(values,))
+        return (strategy.reduce("SUM", default, axis=None), strategy.reduce("SUM", exact, axis=None))
+
+    default, exact = average(batch)
+    assert float(exact) == pytest.approx(losses.mean())
+    assert float(default) == pytest.approx(losses.sum() / 8)  # the 0.75 × of fit, once more
+
+
+def test_tf_device_names(four_devices):
+    """Lesson 01 §1: a physical name raises; a logical device that doesn't exist is silently replaced."""
+    import tensorflow as tf
+
+    with pytest.raises(ValueError, match="physical_device"):
+        with tf.device("/physical_device:CPU:0"):
+            tf.ones(2)
+    with tf.device("/device:CPU:9"):
+        z = tf.ones(2) + 1
+    assert z.device.endswith("CPU:0")
+    assert tf.config.list_physical_devices("gpu") == [] and tf.config.list_logical_devices("cpu") == []
+
+
+def test_a_new_batch_shape_traces_the_step_again(four_devices):
+    """Lesson 05 §2: the short last batch traces the replica step once more (2 traces × 4 replicas)."""
+    import keras
+    import tensorflow as tf
+
+    strategy = mirrored.make_strategy(four_devices)
+    with strategy.scope():
+        model = models.mlp(8, 3, hidden=(4,))
+        optimizer = keras.optimizers.SGD(0.1)
+    runs = []
+    loss = models.per_example_loss()
+
+    def counted(y, logits):
+        runs.append(1)
+        return loss(y, logits)
+
+    step = mirrored.make_train_step(strategy, model, optimizer, counted)
+    x, y = np.zeros((70, 8), "float32"), np.zeros(70, "int32")
+    for batch in strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(16)):
+        step(batch)  # four batches of 16 (4 each), then 6 (2, 2, 2, 0)
+    assert len(runs) == 2 * 4
+
+
+def test_mixed_precision_keeps_float32_variables_and_gradients(four_devices):
+    """Lesson 07 and the scaling simulator: under Keras mixed precision the weights, and so the
+    gradients that are all-reduced, stay float32 (only the computation is 16-bit)."""
+    import keras
+    import tensorflow as tf
+
+    strategy = mirrored.make_strategy(four_devices)
+    for policy in ("mixed_bfloat16", "mixed_float16"):
+        keras.mixed_precision.set_dtype_policy(policy)
+        try:
+            with strategy.scope():
+                model = models.mlp(8, 3, hidden=(4,))
+            assert all(v.dtype == "float32" for v in model.trainable_variables)
+
+            @tf.function
+            def grads(x, model=model):
+                def replica(x):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_sum(tf.cast(model(x), tf.float32))
+                    return tape.gradient(loss, model.trainable_variables)[0]
+                return strategy.run(replica, args=(x,))
+
+            assert grads(tf.ones((2, 8))).values[0].dtype == tf.float32
+        finally:
+            keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_all_reducing_gradients_yourself_then_apply_gradients_adds_them_twice(four_devices):
+    """Lesson 02 §6: Keras 3's apply_gradients always all-reduces, so pre-reduced gradients are summed
+    again: an N times too big step."""
+    import keras
+    import tensorflow as tf
+
+    strategy = mirrored.make_strategy(four_devices)
+    with strategy.scope():
+        variable = keras.Variable(0.0)
+        optimizer = keras.optimizers.SGD(1.0)
+
+    @tf.function
+    def step(reduce_first):
+        def replica():
+            grads = [tf.constant(1.0)]  # every replica's gradient is 1: the right sum is 4
+            if reduce_first:
+                grads = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            optimizer.apply_gradients(zip(grads, [variable], strict=True))
+        strategy.run(replica)
+
+    step(False)
+    assert float(variable.numpy()) == -4.0  # one all-reduce: the sum of 4 gradients of 1
+    step(True)
+    assert float(variable.numpy()) == -4.0 - 16.0  # reduced twice: 4 × 4
