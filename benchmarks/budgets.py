@@ -2,12 +2,14 @@
 
 Usage (from the repository root, inside the dev environment):
 
-    python benchmarks/budgets.py                 # every lesson
+    python benchmarks/budgets.py                 # every lesson in lessons/course.toml, into build/budgets/
     python benchmarks/budgets.py 00 03           # some lessons
-    python benchmarks/budgets.py --out FILE.md   # where the table goes (default benchmarks/results.md)
-    python benchmarks/budgets.py --readme        # also refresh the README's table and the times
-                                                 # quoted in docs/instructors.md
-    python benchmarks/budgets.py --label "Binder-like (binder/)" --out benchmarks/results-binder.md
+    python benchmarks/budgets.py --commit        # into the tracked benchmarks/results.md and .json, the
+                                                 # README's budget table and the guide's time table
+    python benchmarks/budgets.py --label "Binder-like (binder/)" --name results-binder [--commit]
+
+Measurements are not sources: a plain run (what ``make test`` does) writes only under the ignored
+``build/budgets/``; only ``--commit`` (``make budgets-commit``) touches tracked files.
 
 Each lesson runs under ``pytest --nbval-lax`` in its own process, so in a fresh kernel. While it
 runs, the process tree is sampled with psutil: the kernel's peak RSS is the largest resident size
@@ -40,7 +42,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's mgpu_edu, for its course manifest
+from mgpu_edu import course  # noqa: E402 - after the path is set
+
 LESSON_BUDGET_S, SUITE_BUDGET_S, KERNEL_BUDGET_MB, IMPORT_BUDGET_S = 30.0, 180.0, 1200.0, 0.3
+TIMES_START, TIMES_END = "<!-- lesson-times:start -->", "<!-- lesson-times:end -->"
 
 
 def _pss_mb(pid: int, rss_mb: float) -> float:
@@ -145,32 +151,59 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def refresh_guide(rows: list[dict], guide: Path = ROOT / "docs" / "instructors.md") -> None:
-    """Write the measured times into the course guide's table and its per-lesson "Run time" lines."""
-    text = guide.read_text(encoding="utf-8")
-    for row in rows:
-        number = row["lesson"][:2]
-        text = re.sub(rf"^(\| {number} \|[^|]+\|[^|]+\| )[\d.]+( s \|)",
-                      lambda m, r=row: f"{m.group(1)}{r['seconds']:.1f}{m.group(2)}", text, flags=re.M)
-        text = re.sub(rf"^(### {number} · (?:(?!^### ).)*?CPU \(measured\) )[\d.]+( s)",
-                      lambda m, r=row: f"{m.group(1)}{r['seconds']:.1f}{m.group(2)}", text, flags=re.M | re.S)
-    text = re.sub(r"(\| \*\*whole course\*\* \|[^|]+\| )\*\*[\d.]+ s\*\*",
-                  lambda m: f"{m.group(1)}**{sum(r['seconds'] for r in rows):.1f} s**", text)
-    guide.write_text(text, encoding="utf-8")
+def lesson_paths(root: Path = ROOT, numbers: list[str] | None = None) -> list[Path]:
+    """The notebooks to measure: the course manifest's lessons under root, or those numbered in numbers."""
+    known = course.load(root / "lessons")
+    paths = course.lesson_files(known)
+    if numbers:
+        paths = [p for p in paths if p.name[:2] in numbers]
+        if not paths:
+            raise ValueError(f"no lesson matches {numbers}; the lessons are numbered {known.span}")
+    return paths
+
+
+def guide_table(known: course.Course, rows: list[dict], measured: str) -> str:
+    """The guide's "Course at a glance" table: the manifest's lessons with their measured CPU times."""
+    seconds = {row["lesson"]: row["seconds"] for row in rows}
+    lines = [f"CPU times: each lesson run top to bottom under nbval, {measured}. They are machine time for every "
+             "cell, not student time; learner times are each notebook's own \"Time to learn\". No GPU time has "
+             "been measured yet ([`gpu-runs.md`](gpu-runs.md)).", "",
+             "| # | lesson | learner time | CPU time (measured) | GPU time | exercises (`mgpu_edu.check`) | widget |",
+             "|---|---|---:|---:|---|---|---|"]
+    for lesson in known.lessons:
+        cpu = f"{seconds[lesson.file]:.1f} s" if lesson.file in seconds else "not measured"
+        checks = ", ".join(f"`{c}`" for c in lesson.checks)
+        widgets = ", ".join(f"`{w}`" for w in lesson.widgets) or "—"
+        lines.append(f"| {lesson.number} | {lesson.title} | {lesson.minutes} min | {cpu} | not measured yet | "
+                     f"{checks} | {widgets} |")
+    total = sum(seconds.get(lesson.file, 0.0) for lesson in known.lessons)
+    lines.append(f"| | **whole course** | {sum(lesson.minutes for lesson in known.lessons)} min | "
+                 f"**{total:.1f} s** | not measured yet | {sum(len(lesson.checks) for lesson in known.lessons)} "
+                 "checks | |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, start: str, end: str, body: str) -> str:
+    """text with everything between the start and end markers replaced by body (ValueError if missing)."""
+    if start not in text or end not in text:
+        raise ValueError(f"the markers {start} and {end} are missing; put them where the generated block goes.")
+    return re.sub(rf"({re.escape(start)}).*?({re.escape(end)})", lambda m: f"{m.group(1)}\n{body}\n{m.group(2)}",
+                  text, flags=re.S)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lessons", nargs="*", help="lesson numbers (e.g. 00 03); default all")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results.md")
-    parser.add_argument("--readme", action="store_true", help="also refresh the table in README.md")
+    parser.add_argument("--name", default="results", help="file name of the results, without .md (default results)")
+    parser.add_argument("--commit", action="store_true",
+                        help="write into the tracked benchmarks/ (and, for the main results, the README's "
+                        "budget table and the guide's time table) instead of build/budgets/")
     parser.add_argument("--label", default="", help="name of this environment, for the results' heading")
     args = parser.parse_args()
-    paths = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))
-    if args.lessons:
-        paths = [p for p in paths if p.name[:2] in args.lessons]
-        if not paths:
-            parser.error(f"no lesson matches {args.lessons}; lessons are numbered 00 to 08")
+    try:
+        paths = lesson_paths(ROOT, args.lessons)
+    except ValueError as error:
+        parser.error(str(error))
     rows = []
     for path in paths:
         row = run_lesson(path)
@@ -185,22 +218,27 @@ def main() -> int:
         tf_imported = tf_imported or cli_tf
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     measured = f"{args.label}: measured" if args.label else "Measured"
-    text = (f"# Budget results\n\n{measured} {time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by "
-            f"`python benchmarks/budgets.py`.\n\n{table(rows)}\n\n"
+    when = f"{time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by `python benchmarks/budgets.py`"
+    text = (f"# Budget results\n\n{measured} {when}.\n\n{table(rows)}\n\n"
             + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items())
             + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}\n")
-    args.out.write_text(text, encoding="utf-8")
-    args.out.with_suffix(".json").write_text(json.dumps({"lessons": rows, **imports}, indent=1) + "\n")
+    out = (ROOT / "benchmarks" if args.commit else ROOT / "build" / "budgets") / f"{args.name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    out.with_suffix(".json").write_text(json.dumps({"lessons": rows, **imports}, indent=1) + "\n")
     print(text)
-    if args.readme:
+    print(f"written to {out.relative_to(ROOT)}")
+    whole = len(rows) == len(course.load(ROOT / "lessons").lessons)
+    if args.commit and args.name == "results" and whole:
         readme = ROOT / "README.md"
-        old = readme.read_text(encoding="utf-8")
         body = text.split("\n\n", 1)[1].strip()
-        new = re.sub(r"(<!-- budgets:start -->).*?(<!-- budgets:end -->)",
-                     lambda m: f"{m.group(1)}\n{body}\n{m.group(2)}", old, flags=re.S)
-        readme.write_text(new, encoding="utf-8")
-        if len(rows) == len(list((ROOT / "lessons").glob("[0-9][0-9]_*.ipynb"))):
-            refresh_guide(rows)
+        readme.write_text(replace_block(readme.read_text(encoding="utf-8"), "<!-- budgets:start -->",
+                                        "<!-- budgets:end -->", body), encoding="utf-8")
+        guide = ROOT / "docs" / "instructors.md"
+        block = guide_table(course.load(ROOT / "lessons"), rows, f"measured {when}")
+        guide.write_text(replace_block(guide.read_text(encoding="utf-8"), TIMES_START, TIMES_END, block),
+                         encoding="utf-8")
+        print("refreshed README.md's budget table and docs/instructors.md's time table")
     failures = [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
     failures += [f"{r['lesson']}: kernel peak {r['kernel_mb']} MB > {KERNEL_BUDGET_MB:.0f} MB"
                  for r in rows if r["kernel_mb"] > KERNEL_BUDGET_MB]

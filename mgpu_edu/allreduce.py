@@ -24,7 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
+from mgpu_edu._validate import one_of, whole_number
 from mgpu_edu.parallel import shard_sizes
+from mgpu_edu.strategies import make_strategy
 
 ALGORITHMS = ("ring", "reduce_to_one", "tree")
 
@@ -262,9 +264,8 @@ def reduce_to_one_allreduce(tensors: Sequence[Any], root: int = 0, trace: bool =
     ring there (see :func:`tf_allreduce`) and uses it for reductions to the host.
     """
     tensors = list(tensors)
-    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < max(len(tensors), 1):
-        raise ValueError(f"root={root!r} must be the index of one of the {len(tensors)} devices "
-                         f"(0 to {len(tensors) - 1}).")
+    whole_number("root", root, minimum=0, maximum=max(len(tensors) - 1, 0),
+                 hint=f"It is the index of one of the {len(tensors)} devices.")
     return _allreduce_tf(tensors, "reduce_to_one", trace, root=root)
 
 
@@ -284,10 +285,8 @@ def simulate(algorithm: str, n: int, length: int | None = None, itemsize: int = 
     """
     import numpy as np
 
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
-        raise ValueError(f"n={n!r} devices: pick a whole number from 1 to 64.")
+    one_of("algorithm", algorithm, ALGORITHMS)
+    whole_number("n", n, minimum=1, maximum=64, hint="It is the number of devices.")
     length = n if length is None else length
     chunks, schedule = _SCHEDULES[algorithm](n)
     sizes = shard_sizes(length, chunks)
@@ -312,15 +311,14 @@ def bytes_per_device(algorithm: str, n: int, nbytes: float) -> float:
         >>> bytes_per_device("ring", 4, 1000)
         1500.0
     """
+    one_of("algorithm", algorithm, ALGORITHMS)
     if n == 1:
         return 0.0
     if algorithm == "ring":
         return 2 * (n - 1) / n * nbytes
     if algorithm == "reduce_to_one":
         return float((n - 1) * nbytes)
-    if algorithm == "tree":
-        return float(_tree_max_sends(n) * nbytes)
-    raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
+    return float(_tree_max_sends(n) * nbytes)
 
 
 def _tree_max_sends(n: int) -> int:
@@ -343,15 +341,14 @@ def alpha_beta_time(algorithm: str, n: int, nbytes: float, alpha_s: float = 1e-5
         >>> round(alpha_beta_time("ring", 2, 1e9, alpha_s=0, beta_s_per_byte=1e-9), 3)
         1.0
     """
+    one_of("algorithm", algorithm, ALGORITHMS)
     if n == 1:
         return 0.0
     if algorithm == "ring":
         return 2 * (n - 1) * (alpha_s + beta_s_per_byte * nbytes / n)
     if algorithm == "reduce_to_one":
         return 2 * (n - 1) * (alpha_s + beta_s_per_byte * nbytes)
-    if algorithm == "tree":
-        return 2 * math.ceil(math.log2(n)) * (alpha_s + beta_s_per_byte * nbytes)
-    raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
+    return 2 * math.ceil(math.log2(n)) * (alpha_s + beta_s_per_byte * nbytes)
 
 
 def traced_ops(fn: Any, *args: Any) -> dict[str, int]:
@@ -398,8 +395,6 @@ def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> TfAllR
     """
     tf = quiet.import_tensorflow()
     tensors = _check_tensors(tensors, "tf_allreduce")
-    from mgpu_edu.mirrored import make_strategy
-
     strategy = make_strategy([t.device for t in tensors], cross_device_ops=cross_device_ops)
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda context: tensors[context.replica_id_in_sync_group])
@@ -432,10 +427,9 @@ def gradient_allreduces(strategy: Any, model: Any, bytes_per_pack: int | None = 
     tf = quiet.import_tensorflow()
     import keras
 
-    if bytes_per_pack is not None and (isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int)
-                                       or bytes_per_pack < 0):
-        raise ValueError(f"bytes_per_pack={bytes_per_pack!r} must be a whole number of bytes ≥ 0 (0 = one pack), "
-                         "or None for Keras's own step.")
+    if bytes_per_pack is not None:
+        whole_number("bytes_per_pack", bytes_per_pack, minimum=0,
+                     hint="It is bytes per pack (0 = one pack), or None for Keras's own step.")
     inputs = tf.zeros([2, *model.inputs[0].shape[1:]])
     with strategy.scope():
         optimizer = keras.optimizers.SGD(0.0)

@@ -19,6 +19,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from mgpu_edu.course import MANIFEST
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 #: The line that tells nbval to compare a cell's output; student versions drop it.
@@ -153,7 +155,7 @@ def _preprocessors() -> list[Any]:
     class ClearSolutions(Preprocessor):
         """Replace solution regions by stubs and drop nbval's check markers."""
 
-        def preprocess_cell(self, cell, resources, index):  # noqa: ANN001, ANN201 - nbconvert's signature
+        def preprocess_cell(self, cell, resources, index):
             where = f"{resources.get('name', 'notebook')}, cell {index}"
             if BEGIN in cell.source or END in cell.source:
                 cell.source = strip_solutions(cell.source, where, markdown=cell.cell_type == "markdown")
@@ -221,6 +223,10 @@ def write_student_versions(source: Path, destination: Path, force: bool = False)
     destination.mkdir(parents=True, exist_ok=True)
     for nb, target in zip(converted, targets, strict=True):
         nbformat.write(nb, target)
+    manifest = source / MANIFEST if source.is_dir() else None
+    if manifest is not None and manifest.is_file():  # the student folder is a course of its own
+        (destination / MANIFEST).write_bytes(manifest.read_bytes())
+        targets.append(destination / MANIFEST)
     return targets
 
 

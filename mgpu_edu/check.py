@@ -9,9 +9,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Sequence
 from typing import Any
 
 from mgpu_edu.devices import default_memory_limit_mb
+from mgpu_edu.parallel import shard_sizes
+from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
 
 _ICONS = {"correct": "✅ Correct", "wrong": "❌ Not yet right", "unsolved": "⏳ Not solved yet"}
 
@@ -115,7 +118,7 @@ def _as_number(answer: Any) -> float | None:
     if hasattr(answer, "numpy") and callable(answer.numpy):  # a TensorFlow scalar
         try:
             answer = answer.numpy()
-        except Exception:  # noqa: BLE001 - whatever it is, it isn't a number we can read
+        except Exception:  # whatever it is, it isn't a number we can read
             return None
     kind = getattr(getattr(answer, "dtype", None), "kind", None)
     if getattr(answer, "shape", None) == () and kind in ("i", "u", "f"):  # a NumPy 0-d array or scalar
@@ -139,6 +142,24 @@ def _read_number(answer: Any, unsolved_hint: str, what: str = "a number",
     if whole and not value.is_integer():
         return _report("wrong", f"expected {what}, got {_show(value)}: it must be a whole number."), value
     return None, value
+
+
+def _judge(answer: float, expected: float, correct: str, mistakes: Sequence[tuple[Any, str]], otherwise: str,
+           rel_tol: float = 0.0, abs_tol: float = 0.0) -> Feedback:
+    """One numeric check: the right answer, then each typical mistake with its hint, then the general rule.
+
+    ``mistakes`` pairs a wrong value (or a tuple of them) with the hint it earns; ``otherwise``
+    follows "<answer> is not it". With both tolerances 0 the answer must match exactly.
+    """
+    def near(value: float) -> bool:
+        return math.isclose(answer, value, rel_tol=rel_tol, abs_tol=abs_tol)
+
+    if near(expected):
+        return _report("correct", correct)
+    for values, hint in mistakes:
+        if any(near(v) for v in (values if isinstance(values, tuple) else (values,))):
+            return _report("wrong", hint)
+    return _report("wrong", f"{_show(answer)} is not it{otherwise}")
 
 
 def device_names(answer: Any, expected: list[str]) -> Feedback:
@@ -167,21 +188,17 @@ def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int =
         return early
     size = elements * itemsize
     expected = (readers - 1) * size
-    if answer == expected:
-        return _report("correct", f"{expected:,} bytes: every device except the variable's own gets a copy, each "
-                                  "step. MirroredStrategy keeps a copy on every device instead, so reads stay local, "
-                                  "and all-reduces the gradients once a step.")
-    if answer == readers * size:
-        return _report("wrong", "the device that holds the variable reads it in place: it copies nothing.")
-    if answer in (elements * (readers - 1), elements * readers):
-        return _report("wrong", f"that counts elements. Multiply by {itemsize} bytes per float32.")
-    return _report("wrong", f"{_show(answer)} is not it. Bytes = (devices that don't hold it) × elements × bytes each.")
+    return _judge(answer, expected, f"{expected:,} bytes: every device except the variable's own gets a copy, each "
+                  "step. MirroredStrategy keeps a copy on every device instead, so reads stay local, and all-reduces "
+                  "the gradients once a step.", [
+                      (readers * size, "the device that holds the variable reads it in place: it copies nothing."),
+                      ((elements * (readers - 1), elements * readers),
+                       f"that counts elements. Multiply by {itemsize} bytes per float32.")],
+                  ". Bytes = (devices that don't hold it) × elements × bytes each.")
 
 
 def shard_sizes_function(fn: Any) -> Feedback:
     """Lesson 02, exercise 1: a function (batch, n) -> shard sizes, as mgpu_edu.parallel.shard_sizes."""
-    from mgpu_edu.parallel import shard_sizes
-
     if _unsolved(fn):
         return _report("unsolved", "define `my_shard_sizes(batch, n)` and pass it to the check.")
     if not callable(fn):
@@ -194,7 +211,7 @@ def shard_sizes_function(fn: Any) -> Feedback:
             if _unsolved(got):
                 return _unsolved_function("my_shard_sizes", got)
             got = list(got)
-        except Exception as error:  # noqa: BLE001 - a learner's code may raise anything
+        except Exception as error:  # a learner's code may raise anything
             return _report("wrong", f"my_shard_sizes({batch}, {n}) raised {type(error).__name__}: {error}.")
         want = shard_sizes(batch, n)
         if got == want:
@@ -228,7 +245,7 @@ def combine_function(fn: Any) -> Feedback:
         except ZeroDivisionError:
             return _report("wrong", f"combine({sums}, {counts}) divided by zero: an empty tower has count 0, so "
                                     "never divide by one tower's count. Divide the total by the total.")
-        except Exception as error:  # noqa: BLE001 - a learner's code may raise anything
+        except Exception as error:  # a learner's code may raise anything
             return _report("wrong", f"combine({sums}, {counts}) raised {type(error).__name__}: {error}.")
         want = sum(sums) / sum(counts)
         if abs(got - want) > 1e-9:
@@ -249,15 +266,13 @@ def ring_bytes(answer: Any, n: int, nbytes: int) -> Feedback:
     if early is not None:
         return early
     expected = 2 * (n - 1) * nbytes / n
-    if abs(answer - expected) < 0.5:
-        return _report("correct", f"{expected:,.0f} bytes, under 2·S however many devices join: why the ring "
-                                  "scales where reduce-to-one doesn't.")
-    if abs(answer - (n - 1) * nbytes / n) < 0.5:
-        return _report("wrong", "that is one phase. The ring runs reduce-scatter *and* all-gather: double it.")
-    if abs(answer - (n - 1) * nbytes) < 0.5:
-        return _report("wrong", "that is what reduce-to-one's root sends. In the ring each step moves one chunk "
-                                f"of S/{n}, not the whole tensor.")
-    return _report("wrong", f"{_show(answer)} is not it. Each of 2(N−1) steps sends one chunk of S/N bytes.")
+    return _judge(answer, expected, f"{expected:,.0f} bytes, under 2·S however many devices join: why the ring "
+                  "scales where reduce-to-one doesn't.", [
+                      ((n - 1) * nbytes / n, "that is one phase. The ring runs reduce-scatter *and* all-gather: "
+                                             "double it."),
+                      ((n - 1) * nbytes, "that is what reduce-to-one's root sends. In the ring each step moves one "
+                                         f"chunk of S/{n}, not the whole tensor.")],
+                  ". Each of 2(N−1) steps sends one chunk of S/N bytes.", abs_tol=0.5)
 
 
 def ring_steps(answer: Any, n: int) -> Feedback:
@@ -266,14 +281,11 @@ def ring_steps(answer: Any, n: int) -> Feedback:
     if early is not None:
         return early
     expected = 2 * (n - 1)
-    if answer == expected:
-        return _report("correct", f"{expected} steps. Each costs at least one latency α, so the ring's "
-                                  "latency grows with N: the price of its constant bandwidth.")
-    if answer == n - 1:
-        return _report("wrong", "that is one phase (reduce-scatter). The all-gather takes as many again.")
-    if answer in (n, 2 * n):
-        return _report("wrong", f"a device's own chunk needs no step: each phase takes N−1 = {n - 1} steps.")
-    return _report("wrong", f"{_show(answer)} is not it. Count the reduce-scatter steps, then the all-gather steps.")
+    return _judge(answer, expected, f"{expected} steps. Each costs at least one latency α, so the ring's latency "
+                  "grows with N: the price of its constant bandwidth.", [
+                      (n - 1, "that is one phase (reduce-scatter). The all-gather takes as many again."),
+                      ((n, 2 * n), f"a device's own chunk needs no step: each phase takes N−1 = {n - 1} steps.")],
+                  ". Count the reduce-scatter steps, then the all-gather steps.")
 
 
 def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int) -> Feedback:
@@ -283,15 +295,14 @@ def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int)
         return early
     global_batch = per_replica * replicas
     expected = math.ceil(examples / global_batch)
-    if answer == expected:
-        return _report("correct", f"{expected} steps of {global_batch}: the last one takes the "
-                                  f"{examples - (expected - 1) * global_batch} examples left over.")
-    if answer == examples // global_batch:
-        return _report("wrong", "that drops the short last batch. Round up: the leftover examples make one more step.")
-    if answer in (math.ceil(examples / per_replica), examples // per_replica):
-        return _report("wrong", f"that uses the per-replica batch. Each step consumes the global batch: "
-                                f"{per_replica} × {replicas}.")
-    return _report("wrong", f"{_show(answer)} is not it: steps = ⌈examples ÷ (per-replica batch × replicas)⌉.")
+    return _judge(answer, expected, f"{expected} steps of {global_batch}: the last one takes the "
+                  f"{examples - (expected - 1) * global_batch} examples left over.", [
+                      (examples // global_batch, "that drops the short last batch. Round up: the leftover examples "
+                                                 "make one more step."),
+                      ((math.ceil(examples / per_replica), examples // per_replica),
+                       f"that uses the per-replica batch. Each step consumes the global batch: {per_replica} × "
+                       f"{replicas}.")],
+                  ": steps = ⌈examples ÷ (per-replica batch × replicas)⌉.")
 
 
 def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_replica: int) -> Feedback:
@@ -300,15 +311,13 @@ def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_r
     if early is not None:
         return early
     expected = base_lr * per_replica * replicas / base_batch
-    if math.isclose(answer, expected, rel_tol=1e-6):
-        return _report("correct", f"{expected:g}: the global batch grew {per_replica * replicas / base_batch:g}×, "
-                                  "so does the rate. Watch the loss: the rule breaks at large factors.")
-    if math.isclose(answer, base_lr, rel_tol=1e-6):
-        return _report("wrong", "that keeps the rate: with fewer, bigger steps per epoch training slows down. "
-                                "Multiply by how much the global batch grew.")
-    if math.isclose(answer, base_lr / replicas, rel_tol=1e-6):
-        return _report("wrong", "that divides. A bigger batch gives a less noisy gradient, so the rule multiplies.")
-    return _report("wrong", f"{_show(answer)} is not it: rate × (global batch ÷ the batch it was tuned for).")
+    return _judge(answer, expected, f"{expected:g}: the global batch grew {per_replica * replicas / base_batch:g}×, "
+                  "so does the rate. Watch the loss: the rule breaks at large factors.", [
+                      (base_lr, "that keeps the rate: with fewer, bigger steps per epoch training slows down. "
+                                "Multiply by how much the global batch grew."),
+                      (base_lr / replicas, "that divides. A bigger batch gives a less noisy gradient, so the rule "
+                                           "multiplies.")],
+                  ": rate × (global batch ÷ the batch it was tuned for).", rel_tol=1e-6)
 
 
 def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: int) -> Feedback:
@@ -317,17 +326,14 @@ def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: i
     if early is not None:
         return early
     expected = loss_sum / global_batch
-    if math.isclose(answer, expected, rel_tol=1e-6):
-        return _report("correct", f"{expected:g}. Summed over the replicas by the all-reduce, these give the mean "
-                                  "over the global batch: lesson 02's fix, done by "
-                                  f"tf.nn.compute_average_loss(losses, global_batch_size={global_batch}).")
-    if math.isclose(answer, loss_sum / per_replica, rel_tol=1e-6):
-        return _report("wrong", f"that is this replica's own mean. The all-reduce *adds* the replicas' losses, so "
-                                f"{global_batch // per_replica} means would make the loss that many times too big. "
-                                "Divide by the global batch.")
-    if math.isclose(answer, loss_sum, rel_tol=1e-6):
-        return _report("wrong", "that is the sum. Divide by the global batch, so the replicas' sum is a mean.")
-    return _report("wrong", f"{_show(answer)} is not it: this replica's loss sum ÷ the global batch size.")
+    return _judge(answer, expected, f"{expected:g}. Summed over the replicas by the all-reduce, these give the mean "
+                  "over the global batch: lesson 02's fix, done by "
+                  f"tf.nn.compute_average_loss(losses, global_batch_size={global_batch}).", [
+                      (loss_sum / per_replica, f"that is this replica's own mean. The all-reduce *adds* the "
+                                               f"replicas' losses, so {global_batch // per_replica} means would make "
+                                               "the loss that many times too big. Divide by the global batch."),
+                      (loss_sum, "that is the sum. Divide by the global batch, so the replicas' sum is a mean.")],
+                  ": this replica's loss sum ÷ the global batch size.", rel_tol=1e-6)
 
 
 def python_runs(answer: Any, replicas: int) -> Feedback:
@@ -335,22 +341,17 @@ def python_runs(answer: Any, replicas: int) -> Feedback:
     early, answer = _read_number(answer, "set `answer` to a whole number.", "a number of runs", whole=True)
     if early is not None:
         return early
-    if answer == replicas:
-        return _report("correct", f"{replicas}: once per replica while tracing, then never again; the graph runs "
-                                  "the steps. Python side effects (print, list.append) happen only while tracing.")
-    if answer == 1:
-        return _report("wrong", "MirroredStrategy traces the replica function once per replica, not once in all.")
-    if answer in (100, 100 * replicas):
-        return _report("wrong", "inside tf.function the Python body runs only while tracing; later calls run the "
-                                "graph. Shapes don't change here, so there is no retracing.")
-    return _report("wrong", f"{_show(answer)} is not it. Think: traced once per replica, and not again for "
-                            "same shapes.")
+    return _judge(answer, replicas, f"{replicas}: once per replica while tracing, then never again; the graph runs "
+                  "the steps. Python side effects (print, list.append) happen only while tracing.", [
+                      (1, "MirroredStrategy traces the replica function once per replica, not once in all."),
+                      ((100, 100 * replicas), "inside tf.function the Python body runs only while tracing; later "
+                                              "calls run the graph. Shapes don't change here, so there is no "
+                                              "retracing.")],
+                  ". Think: traced once per replica, and not again for same shapes.")
 
 
 def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
     """Lesson 06, exercise 1: the fewest micro-batches that keep a P-stage bubble under target."""
-    from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
-
     early, answer = _read_number(answer, "set `answer` to a whole number of micro-batches.",
                                  "a whole number of micro-batches", whole=True)
     if early is not None:
@@ -377,14 +378,13 @@ def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedba
     if early is not None:
         return early
     expected = inputs * outputs // devices
-    if answer == expected:
-        return _report("correct", f"{expected:,} per device: tensor parallelism divides a layer's memory, which "
-                                  "is why it is used for layers too big for one device.")
-    if answer == inputs * outputs:
-        return _report("wrong", "that is the whole kernel. Each device keeps only its share of the columns.")
-    if answer in (outputs // devices, inputs // devices):
-        return _report("wrong", "that counts columns (or rows), not parameters: each column has one weight per input.")
-    return _report("wrong", f"{_show(answer)} is not it: (inputs × outputs) ÷ devices.")
+    return _judge(answer, expected, f"{expected:,} per device: tensor parallelism divides a layer's memory, which "
+                  "is why it is used for layers too big for one device.", [
+                      (inputs * outputs, "that is the whole kernel. Each device keeps only its share of the "
+                                         "columns."),
+                      ((outputs // devices, inputs // devices), "that counts columns (or rows), not parameters: each "
+                                                                "column has one weight per input.")],
+                  ": (inputs × outputs) ÷ devices.")
 
 
 def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: float,
@@ -395,14 +395,13 @@ def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: f
         return early
     size = params * bytes_per_param
     expected = 2 * (replicas - 1) / replicas * size / (gbytes_per_s * 1e9)
-    if math.isclose(answer, expected, rel_tol=1e-3):
-        return _report("correct", f"{expected * 1e3:.0f} ms per step. Compare it with the step's compute time: "
-                                  "that ratio decides the scaling efficiency.")
-    if math.isclose(answer, expected / bytes_per_param, rel_tol=1e-3):
-        return _report("wrong", f"that counts parameters, not bytes: each float32 gradient is {bytes_per_param} bytes.")
-    if math.isclose(answer, size / (gbytes_per_s * 1e9), rel_tol=1e-3):
-        return _report("wrong", "that sends the tensor once. The ring sends 2(N−1)/N of it per device.")
-    return _report("wrong", f"{_show(answer)} is not it: 2(N−1)/N × params × bytes ÷ bandwidth.")
+    return _judge(answer, expected, f"{expected * 1e3:.0f} ms per step. Compare it with the step's compute time: "
+                  "that ratio decides the scaling efficiency.", [
+                      (expected / bytes_per_param, "that counts parameters, not bytes: each float32 gradient is "
+                                                   f"{bytes_per_param} bytes."),
+                      (size / (gbytes_per_s * 1e9), "that sends the tensor once. The ring sends 2(N−1)/N of it per "
+                                                    "device.")],
+                  ": 2(N−1)/N × params × bytes ÷ bandwidth.", rel_tol=1e-3)
 
 
 def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -> Feedback:
@@ -411,14 +410,12 @@ def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -
     if early is not None:
         return early
     expected = compute_s * replicas / (compute_s + comm_s)
-    if math.isclose(answer, expected, rel_tol=1e-3):
-        return _report("correct", f"{expected:g}×, an efficiency of {expected / replicas:.0%}: the all-reduce "
-                                  "costs what the replicas would otherwise gain.")
-    if math.isclose(answer, replicas, rel_tol=1e-3):
-        return _report("wrong", "that is the ideal. Each step also waits for the all-reduce.")
-    if math.isclose(answer, compute_s / (compute_s + comm_s), rel_tol=1e-3):
-        return _report("wrong", "that is the efficiency. Multiply by the number of replicas for the speed-up.")
-    return _report("wrong", f"{_show(answer)} is not it: N replicas process N batches in (compute + comm) seconds.")
+    return _judge(answer, expected, f"{expected:g}×, an efficiency of {expected / replicas:.0%}: the all-reduce "
+                  "costs what the replicas would otherwise gain.", [
+                      (replicas, "that is the ideal. Each step also waits for the all-reduce."),
+                      (compute_s / (compute_s + comm_s), "that is the efficiency. Multiply by the number of replicas "
+                                                         "for the speed-up.")],
+                  ": N replicas process N batches in (compute + comm) seconds.", rel_tol=1e-3)
 
 
 def global_batch_workers(answer: Any, workers: int, per_worker: int) -> Feedback:
@@ -428,12 +425,10 @@ def global_batch_workers(answer: Any, workers: int, per_worker: int) -> Feedback
     if early is not None:
         return early
     expected = workers * per_worker
-    if answer == expected:
-        return _report("correct", f"{expected}: MultiWorkerMirroredStrategy adds up replicas across machines "
-                                  "exactly as MirroredStrategy does across the GPUs of one.")
-    if answer == per_worker:
-        return _report("wrong", "that is one worker's share. The global batch counts every worker's.")
-    return _report("wrong", f"{_show(answer)} is not it: workers × per-worker batch.")
+    return _judge(answer, expected, f"{expected}: MultiWorkerMirroredStrategy adds up replicas across machines "
+                  "exactly as MirroredStrategy does across the GPUs of one.",
+                  [(per_worker, "that is one worker's share. The global batch counts every worker's.")],
+                  ": workers × per-worker batch.")
 
 
 def staleness(answer: Any, workers: int) -> Feedback:
@@ -443,9 +438,7 @@ def staleness(answer: Any, workers: int) -> Feedback:
     if early is not None:
         return early
     expected = workers - 1
-    if answer == expected:
-        return _report("correct", f"{expected}: while one worker computes, the other {expected} each apply an update. "
-                                  "More workers, staler gradients: one reason to lower the learning rate.")
-    if answer == workers:
-        return _report("wrong", "a worker's own update isn't in between: count only the others.")
-    return _report("wrong", f"{_show(answer)} is not it: the other workers' updates land while one worker computes.")
+    return _judge(answer, expected, f"{expected}: while one worker computes, the other {expected} each apply an "
+                  "update. More workers, staler gradients: one reason to lower the learning rate.",
+                  [(workers, "a worker's own update isn't in between: count only the others.")],
+                  ": the other workers' updates land while one worker computes.")

@@ -10,6 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from mgpu_edu import __version__, course
+from mgpu_edu.assignments import grade, write_student_versions
+from mgpu_edu.course import MANIFEST, shipped_folder
+from mgpu_edu.doctor import report
+
 EXAMPLES = """\
 examples:
   mgpu-edu lessons my-lessons                      copy the lessons here, then: jupyter lab my-lessons
@@ -41,13 +46,11 @@ def _require(command: str, *modules: str) -> None:
 
 
 def _lessons(args: argparse.Namespace) -> int:
-    from mgpu_edu.course import shipped_folder
-
     source = shipped_folder("lessons")
     target = Path(args.dir)
     if target.exists() and not target.is_dir():
         raise CommandError(f"{args.dir!r} exists and is not a folder. Give a folder to copy the lessons into.")
-    notebooks = sorted(source.glob("*.ipynb"))
+    notebooks = [*sorted(source.glob("*.ipynb")), source / MANIFEST]  # the lessons, and the list of them
     changed = [target / p.name for p in notebooks
                if (target / p.name).exists() and (target / p.name).read_bytes() != p.read_bytes()]
     if changed and not args.force:
@@ -61,7 +64,7 @@ def _lessons(args: argparse.Namespace) -> int:
         if not destination.exists() or destination.read_bytes() != path.read_bytes():
             destination.write_bytes(path.read_bytes())
             copied += 1
-    print(f"{copied} lesson(s) copied to {target} ({len(notebooks) - copied} already up to date).")
+    print(f"{copied} file(s) copied to {target} ({len(notebooks) - copied} already up to date).")
     print(f"Open them with: jupyter lab {target}")
     return 0
 
@@ -79,51 +82,48 @@ def _repository_folder(lessons: Path) -> tuple[str, Path | None]:
 
 
 def _badges(args: argparse.Namespace) -> int:
-    from mgpu_edu import course
-
     _require("badges", "nbformat")
     course.check_slug(args.repo)
-    course.check_ref(args.ref)
+    ref = course.check_ref(args.ref) if args.ref else None
     lessons = Path(args.lessons)
-    if not lessons.is_dir() or not any((lessons / file).exists() for file, _ in course.LESSONS):
-        raise CommandError(f"{args.lessons!r} holds none of the course's lessons ({course.LESSONS[0][0]}, ...). "
+    known = course.load(lessons) if (lessons / course.MANIFEST).exists() else course.shipped()
+    if not lessons.is_dir() or not any((lessons / lesson.file).exists() for lesson in known.lessons):
+        raise CommandError(f"{args.lessons!r} holds none of the course's lessons ({known.lessons[0].file}, ...). "
                            "Run this in the root of your fork, or pass --lessons FOLDER.")
+    ref = ref or known.ref
     folder, root = _repository_folder(lessons)
     readme = (root or Path.cwd()) / "README.md" if folder == "lessons" else None
-    changed = course.configure(lessons, args.repo, args.ref, readme=readme, folder=course.check_folder(folder))
-    source = (root or Path.cwd()) / "mgpu_edu" / "course.py"
-    if readme is not None and source.is_file() and course.set_defaults(source, args.repo, args.ref):
-        changed.append(source)  # so the fork's tests and `make lessons` agree with its badges
+    changed = course.configure(lessons, args.repo, ref, readme=readme, folder=course.check_folder(folder))
+    manifest = lessons / course.MANIFEST
+    if manifest.is_file() and course.set_defaults(manifest, args.repo, ref):
+        changed.append(manifest)  # so the fork's tests and `make lessons` agree with its badges
     for path in changed:
         print(f"updated {path}")
-    where = f"{args.repo}@{args.ref}"
+    where = f"{args.repo}@{ref}"
     print(f"{len(changed)} file(s) changed; badges and Colab installs point at {where}, folder {folder}/."
           if changed else f"Nothing to change: every lesson already points at {where}, folder {folder}/.")
-    if changed and args.ref == course.REF:
-        print(f"Tip: give your fork its own --ref (e.g. fall-2027). Its {course.REF} tag still holds the original "
+    if changed and ref == known.ref:
+        print(f"Tip: give your fork its own --ref (e.g. fall-2027). Its {known.ref} tag still holds the original "
               "lessons, so Colab would open those.")
     elif changed:
-        print(f"Next: commit, then make {args.ref!r} exist on GitHub (git tag {args.ref} && git push origin "
-              f"{args.ref}, or push the branch): Colab installs and opens that ref.")
+        print(f"Next: commit, then make {ref!r} exist on GitHub (git tag {ref} && git push origin "
+              f"{ref}, or push the branch): Colab installs and opens that ref.")
     return 0
 
 
 def _student(args: argparse.Namespace) -> int:
-    from mgpu_edu.assignments import write_student_versions
-
     _require("student", "nbformat", "nbconvert")
 
     written = write_student_versions(Path(args.src), Path(args.dst), force=args.force)
     for path in written:
         print(f"wrote {path}")
-    print(f"{len(written)} student version(s) in {args.dst}: solutions replaced by stubs, outputs cleared, "
+    notebooks = sum(path.suffix == ".ipynb" for path in written)
+    print(f"{notebooks} student version(s) in {args.dst}: solutions replaced by stubs, outputs cleared, "
           "checks kept.")
     return 0
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from mgpu_edu.assignments import grade
-
     _require("grade", "nbformat", *(() if args.no_execute else ("nbclient", "ipykernel")))
     results = []
     for notebook in args.notebooks:
@@ -148,8 +148,6 @@ def _grade(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from mgpu_edu.doctor import report
-
     text, ready = report(tensorflow=not args.no_tensorflow)
     print(text)
     return 0 if ready else 1
@@ -167,9 +165,6 @@ def _positive_seconds(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for ``mgpu-edu`` and its subcommands."""
-    from mgpu_edu import __version__
-    from mgpu_edu.course import REF
-
     parser = argparse.ArgumentParser(
         prog="mgpu-edu", description="Multi-GPU training lessons: copy them, point them at your fork, "
         "make student versions, grade them, and check this machine.",
@@ -188,12 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     badges = commands.add_parser("badges", help="point the lessons' badges and Colab install at your fork",
                                  description="Rewrite every lesson's Open-in-Colab and Launch-Binder badges and "
                                  "its Colab install cell so they point at OWNER/NAME@REF. When DIR is the "
-                                 "repository's lessons folder it also updates the README's lesson table and "
-                                 "REPO/REF in mgpu_edu/course.py. Running it twice changes nothing.")
+                                 "repository's lessons folder it also updates the README's lesson table; where "
+                                 "DIR has a course.toml, its repo and ref too. Running it twice changes nothing.")
     badges.add_argument("--repo", required=True, metavar="OWNER/NAME",
                         help="your fork on GitHub, e.g. my-school/mgpu_edu")
-    badges.add_argument("--ref", default=REF,
-                        help=f"tag, branch or commit Colab installs and badges open (default {REF})")
+    badges.add_argument("--ref", default=None,
+                        help="tag, branch or commit Colab installs and badges open (default: the ref in the "
+                        "lessons' course.toml)")
     badges.add_argument("--lessons", default="lessons", metavar="DIR", help="folder of lessons (default ./lessons)")
     badges.set_defaults(run=_badges)
 

@@ -32,6 +32,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from mgpu_edu._validate import whole_number
+
 #: Log lines that mean a worker could not get its port (then the cluster retries with others).
 PORT_ERRORS = ("Address already in use", "Could not start gRPC server", "Failed to add port")
 
@@ -144,8 +146,7 @@ class LocalCluster:
     def __init__(self, script: str | Path, workers: int = 2, args: Sequence[str] = (),
                  ports: Sequence[int] | None = None, env: dict[str, str] | None = None, attempts: int = 3,
                  isolate: bool | None = None) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 8:
-            raise ValueError(f"workers={workers!r}: use 1 to 8 worker processes on one machine.")
+        whole_number("workers", workers, minimum=1, maximum=8, hint="It is worker processes on one machine.")
         self.script, self.workers, self.args = Path(script), workers, list(args)
         if not self.script.exists():
             raise FileNotFoundError(f"worker script {self.script} not found; pass the path of a Python file.")
@@ -329,22 +330,3 @@ class LocalCluster:
     def pids(self) -> list[int]:
         """The workers' process ids."""
         return self._isolated_pids() if self.isolated else [p.pid for p in self.processes]
-
-
-def stale_sgd(staleness: int, steps: int = 60, learning_rate: float = 0.3, curvature: float = 1.0) -> list[float]:
-    """Gradient descent on f(w) = curvature · w² / 2 when each gradient is ``staleness`` steps old.
-
-    Asynchronous workers apply gradients computed from weights that others have since
-    changed; this is the simplest picture of it. Returns |w| after each step, from w = 1.
-
-    Example:
-        >>> round(stale_sgd(0, steps=3)[-1], 3)
-        0.343
-    """
-    if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
-        raise ValueError(f"staleness={staleness!r} must be a whole number of steps ≥ 0.")
-    history = [1.0]
-    for _ in range(steps):
-        old = history[max(0, len(history) - 1 - staleness)]
-        history.append(history[-1] - learning_rate * curvature * old)
-    return [abs(w) for w in history[1:]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mgpu_edu._validate import positive_number, whole_number
+from mgpu_edu._validate import one_of, positive_number, real_number, whole_number
 from mgpu_edu.allreduce import ALGORITHMS, alpha_beta_time
 
 #: Datasheet **peak** dense throughput, TFLOP/s: plain fp32; "tf32", the tensor-core format TensorFlow
@@ -80,12 +80,9 @@ def step_time(params: float, flops_per_example: float, batch_per_replica: int, r
         positive_number(name, value)
     whole_number("batch_per_replica", batch_per_replica)
     whole_number("replicas", replicas)
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(ALGORITHMS)}.")
-    if isinstance(latency_s, bool) or not isinstance(latency_s, (int, float)) or latency_s < 0:
-        raise ValueError(f"latency_s={latency_s!r} must be a number ≥ 0 (seconds per message, e.g. 1e-5).")
-    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0 <= overlap <= 1:
-        raise ValueError(f"overlap={overlap!r} must be a fraction from 0 (none) to 1 (all hidden).")
+    one_of("algorithm", algorithm, ALGORITHMS)
+    real_number("latency_s", latency_s, minimum=0, example=1e-5, hint="It is seconds per message.")
+    real_number("overlap", overlap, 0, 1, hint="It is the share of the all-reduce hidden: 0 none, 1 all.")
     compute = flops_per_example * batch_per_replica / (device_tflops * 1e12)
     comm = alpha_beta_time(algorithm, replicas, params * bytes_per_param, alpha_s=latency_s,
                            beta_s_per_byte=1 / (link_gbytes_per_s * 1e9))

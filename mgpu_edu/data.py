@@ -10,6 +10,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mgpu_edu import quiet
+from mgpu_edu._validate import BadArgument, whole_number
+
 
 class Split(NamedTuple):
     """Train and test arrays."""
@@ -36,7 +39,7 @@ def digits(images: bool = False, test_fraction: float = 0.2, seed: int = 0) -> S
     except ImportError as error:
         raise ImportError("digits() needs scikit-learn, which ships the data: pip install scikit-learn") from error
     if not 0 < test_fraction < 1:
-        raise ValueError(f"test_fraction={test_fraction!r} must be between 0 and 1, e.g. 0.2.")
+        raise BadArgument(f"test_fraction={test_fraction!r} must be between 0 and 1, e.g. 0.2.")
     bunch = load_digits()
     x = (bunch.data / 16.0).astype("float32")
     y = bunch.target.astype("int32")
@@ -64,8 +67,7 @@ def topic_sequences(n: int = 2000, classes: int = 8, vocab: int = 1000, length: 
     """
     for name, value, low in (("n", n, 2), ("classes", classes, 2), ("vocab", vocab, 20 * classes + 1),
                              ("length", length, 5)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"topic_sequences: {name}={value!r} must be a whole number ≥ {low}.")
+        whole_number(name, value, minimum=low)
     rng = np.random.default_rng(seed)
     keywords = rng.choice(np.arange(1, vocab), size=(classes, 20), replace=False)
     y = rng.integers(0, classes, n).astype("int32")
@@ -81,8 +83,6 @@ def reuters(num_words: int = 10_000, length: int = 300) -> Split:
 
     Only for machines with internet (Colab); the lessons default to :func:`topic_sequences`.
     """
-    from mgpu_edu import quiet
-
     quiet.import_tensorflow()
     import keras
 
@@ -97,8 +97,6 @@ def mnist() -> Split:
 
     Only for machines with internet (Colab); the lessons default to :func:`digits`.
     """
-    from mgpu_edu import quiet
-
     quiet.import_tensorflow()
     import keras
 

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 from mgpu_edu import env as _env
 from mgpu_edu import quiet
+from mgpu_edu._validate import BadArgument, whole_number
 
 #: The most logical devices setup_devices will make (enough for any lesson).
 MAX_DEVICES = 64
@@ -166,30 +165,12 @@ def _call_text(n: object, memory_limit_mb: object, prefer_physical: object) -> s
 
 
 def _validate(n: object, memory_limit_mb: object, prefer_physical: object, call: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(
-            f"{call}: n must be a whole number of devices from 1 to {MAX_DEVICES}, "
-            f"got {type(n).__name__} {n!r}. Try setup_devices(4)."
-        )
-    if not 1 <= n <= MAX_DEVICES:
-        raise ValueError(
-            f"{call}: n={n} is out of range; n is how many devices to make and must be from 1 "
-            f"to {MAX_DEVICES}. Try setup_devices(4)."
-        )
+    whole_number("n", n, maximum=MAX_DEVICES, where=call, hint="n is how many devices to make. Try setup_devices(4).")
     if memory_limit_mb is not None:
-        if isinstance(memory_limit_mb, bool) or not isinstance(memory_limit_mb, int):
-            raise TypeError(
-                f"{call}: memory_limit_mb must be a whole number of megabytes or None, got "
-                f"{type(memory_limit_mb).__name__} {memory_limit_mb!r}. Try memory_limit_mb=1024, "
-                "or leave it out to pick a limit from the GPU's memory."
-            )
-        if memory_limit_mb <= 0:
-            raise ValueError(
-                f"{call}: memory_limit_mb={memory_limit_mb} must be a positive number of megabytes. "
-                "Try memory_limit_mb=1024, or leave it out to pick a limit from the GPU's memory."
-            )
+        whole_number("memory_limit_mb", memory_limit_mb, example=1024, where=call,
+                     hint="It is megabytes per logical GPU; leave it out to pick a limit from the GPU's memory.")
     if not isinstance(prefer_physical, bool):
-        raise TypeError(f"{call}: prefer_physical must be True or False, got {prefer_physical!r}.")
+        raise BadArgument(f"{call}: prefer_physical must be True or False, got {prefer_physical!r}.")
 
 
 def default_memory_limit_mb(total_mb: int, n: int) -> int:
@@ -364,11 +345,6 @@ def setup_devices(n: int = 4, memory_limit_mb: int | None = None, *, prefer_phys
     return layout
 
 
-def active_layout() -> DeviceLayout | None:
-    """The layout setup_devices made in this process, or None before it ran."""
-    return _ACTIVE
-
-
 def logical_devices(k: int | None = None) -> list[str]:
     """Names of the first k logical devices of the active kind (all of them when k is None).
 
@@ -390,74 +366,7 @@ def logical_devices(k: int | None = None) -> list[str]:
         made_by = "TensorFlow's default; setup_devices was not called"
     if k is None:
         return names
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"logical_devices(k={k!r}): k must be a whole number or None, got {type(k).__name__}.")
-    if not 1 <= k <= len(names):
-        raise ValueError(
-            f"logical_devices(k={k}): k must be from 1 to {len(names)}, because this kernel has "
-            f"{len(names)} logical {kind}s ({made_by}). Ask for at most {len(names)}, or restart "
-            f"the kernel and call setup_devices({k}) first."
-        )
+    whole_number("k", k, maximum=len(names), where=f"logical_devices(k={k!r})",
+                 hint=f"This kernel has {len(names)} logical {kind}s ({made_by}). Ask for at most {len(names)}, "
+                 f"or restart the kernel and call setup_devices({k}) first.")
     return names[:k]
-
-
-def run_in_new_process(code: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """Run Python code in a fresh interpreter and return what it printed.
-
-    TensorFlow configures devices once per process, so this is how a lesson or a test
-    tries a second device layout without restarting its own kernel.
-
-    Example:
-        >>> run_in_new_process("print(6 * 7)").stdout
-        '42\\n'
-    """
-    quiet.quiet_environment()
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, check=False
-    )
-
-
-#: Device-configuration names in older tutorials (left) and their TensorFlow 2.16+ names.
-API_RENAMES: tuple[tuple[str, str], ...] = (
-    ("tf.config.experimental.list_physical_devices", "tf.config.list_physical_devices"),
-    ("tf.config.experimental.list_logical_devices", "tf.config.list_logical_devices"),
-    ("tf.config.experimental.set_virtual_device_configuration", "tf.config.set_logical_device_configuration"),
-    ("tf.config.experimental.get_virtual_device_configuration", "tf.config.get_logical_device_configuration"),
-    ("tf.config.experimental.VirtualDeviceConfiguration", "tf.config.LogicalDeviceConfiguration"),
-    ("tf.config.experimental.set_visible_devices", "tf.config.set_visible_devices"),
-    ("tf.config.experimental.set_memory_growth", "tf.config.experimental.set_memory_growth"),
-)
-
-
-def resolve_name(tf: Any, dotted: str) -> Any:
-    """Look up a dotted name such as "tf.config.list_logical_devices"; None if it is gone."""
-    obj: Any = tf
-    for part in dotted.split(".")[1:]:
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def api_rename_table(tf: Any) -> list[tuple[str, str, str]]:
-    """For each old name: today's name, and whether the old one still works here.
-
-    Example:
-        >>> api_rename_table(import_tensorflow())[0][2]  # doctest: +SKIP
-        'alias of the new name'
-    """
-    rows = []
-    for old, new in API_RENAMES:
-        old_obj, new_obj = resolve_name(tf, old), resolve_name(tf, new)
-        if new_obj is None:
-            raise LookupError(f"{new} is missing from TensorFlow {tf.__version__}: update API_RENAMES.")
-        if old == new:
-            status = "unchanged (still experimental)"
-        elif old_obj is None:
-            status = "removed"
-        elif old_obj is new_obj:
-            status = "alias of the new name"
-        else:
-            status = "still there, deprecated"
-        rows.append((old, new, status))
-    return rows

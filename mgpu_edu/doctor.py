@@ -12,6 +12,7 @@ import importlib.metadata as metadata
 import re
 import sys
 
+from mgpu_edu import __version__, course, quiet
 from mgpu_edu import env as _env
 
 #: Distributions that provide ``import tensorflow``, in the order we report them.
@@ -87,11 +88,9 @@ def _tensorflow_findings(environment: _env.Environment, import_tf: bool) -> list
     if not import_tf:
         return findings
     try:
-        from mgpu_edu.quiet import import_tensorflow
-
-        tf = import_tensorflow()
+        tf = quiet.import_tensorflow()
         gpus = tf.config.list_physical_devices("GPU")
-    except Exception as error:  # noqa: BLE001 - report whatever a broken install raises
+    except Exception as error:  # report whatever a broken install raises
         return [Finding("TensorFlow", f"{version} ({dist}) fails to import: {type(error).__name__}: {error}", False,
                         f"reinstall it in a fresh virtual environment: {_install_hint(environment)}")]
     built_with_cuda = bool(tf.test.is_built_with_cuda())
@@ -160,8 +159,6 @@ def diagnose(tensorflow: bool = True) -> list[Finding]:
         >>> [f.name for f in diagnose(tensorflow=False)][:3]
         ['Platform', 'Python', 'mgpu_edu']
     """
-    from mgpu_edu import __version__
-
     environment = _env.detect_environment()
     findings = [Finding("Platform", environment.label), _python_finding(), Finding("mgpu_edu", __version__)]
     findings += _tensorflow_findings(environment, tensorflow)
@@ -170,20 +167,29 @@ def diagnose(tensorflow: bool = True) -> list[Finding]:
     return findings
 
 
+def _course_span() -> str:
+    """The shipped lessons' numbers, e.g. "00–08", from the course manifest."""
+    try:
+        return course.shipped().span
+    except (course.ManifestError, FileNotFoundError):
+        return "(none found: reinstall mgpu_edu with its lessons)"
+
+
 def outlook(findings: list[Finding]) -> list[str]:
     """What will and won't work, one line each, from the findings."""
     by_name = {f.name: f for f in findings}
     tf_ok = by_name["TensorFlow"].ok is not False and by_name["Python"].ok
     tf_gpus = by_name.get("TensorFlow GPUs")
     tf_sees_gpu = tf_gpus is not None and not tf_gpus.value.startswith("0 ")
+    lessons = f"Lessons {_course_span()}"
     lines = []
     if not tf_ok:
-        lines.append("✗ Lessons 00–08 need TensorFlow first (see the fixes below).")
+        lines.append(f"✗ {lessons} need TensorFlow first (see the fixes below).")
     elif tf_sees_gpu:
-        lines.append("✓ Lessons 00–08: setup_devices() splits GPU 0 into logical GPUs with memory limits.")
+        lines.append(f"✓ {lessons}: setup_devices() splits GPU 0 into logical GPUs with memory limits.")
         lines.append("✓ Real GPU kernels: timings in lesson 07 mean something on this machine.")
     else:
-        lines.append("✓ Lessons 00–08: setup_devices() splits the CPU into logical CPUs: the same code paths, "
+        lines.append(f"✓ {lessons}: setup_devices() splits the CPU into logical CPUs: the same code paths, "
                      "no real speed-up.")
     if tf_ok and not tf_sees_gpu:
         lines.append("✗ NcclAllReduce (lesson 03) needs real GPUs; the other all-reduce algorithms run here.")

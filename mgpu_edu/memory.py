@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mgpu_edu._validate import whole_number
+from mgpu_edu._validate import one_of, whole_number
 
 #: Bytes per parameter for (value, gradient) in each precision.
 PRECISIONS: dict[str, tuple[int, int]] = {"fp32": (4, 4), "mixed": (2, 2)}
@@ -58,12 +58,9 @@ def model_states(params: int, data_parallel: int = 1, zero_stage: int = 0, optim
     """
     whole_number("params", params)
     whole_number("data_parallel", data_parallel, example=8)
-    if zero_stage not in ZERO_STAGES or isinstance(zero_stage, bool):
-        raise ValueError(f"zero_stage={zero_stage!r}: ZeRO has stages 0 (none), 1, 2 and 3. Pick one of those.")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r}: use 'fp32' or 'mixed' (16-bit values and gradients).")
-    if optimizer not in OPTIMIZER_STATE[precision]:
-        raise ValueError(f"optimizer={optimizer!r}: use 'adam', 'momentum' (SGD with momentum) or 'sgd'.")
+    whole_number("zero_stage", zero_stage, minimum=0, maximum=3, hint="ZeRO has stages 0 (none), 1, 2 and 3.")
+    one_of("precision", precision, PRECISIONS, hint="'mixed' keeps 16-bit values and gradients.")
+    one_of("optimizer", optimizer, OPTIMIZER_STATE[precision], hint="'momentum' is SGD with momentum.")
     value, grad = PRECISIONS[precision]
     state = OPTIMIZER_STATE[precision][optimizer]
     n = data_parallel

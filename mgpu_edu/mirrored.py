@@ -15,26 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mgpu_edu import devices as _devices
 from mgpu_edu import quiet
+from mgpu_edu._validate import BadArgument, one_of, real_number, whole_number
 from mgpu_edu._validate import whole_number as _positive
+from mgpu_edu.strategies import make_strategy
 
 MODES = ("per_replica", "global")
-#: Collective keys each new strategy skips ahead by (see make_strategy).
-_KEY_STRIDE = 10_000
-
-
-def make_strategy(devices: list[str], cross_device_ops: Any = None) -> Any:
-    """A MirroredStrategy over ``devices`` that can live beside earlier ones in this process.
-
-    Every MirroredStrategy numbers its collective all-reduces from the same starting key, so a
-    second strategy over a different number of devices in one process can collide with the
-    first ("... is joining a group with size 4, but that group has size 2", tensorflow#61314).
-    A real job makes one strategy per process; a lesson that compares 1, 2 and 4 replicas makes
-    several, so each gets its own key range, as TensorFlow's own tests do.
-    """
-    tf = quiet.import_tensorflow()
-    tf.distribute.MirroredStrategy._collective_key_base += _KEY_STRIDE
-    return tf.distribute.MirroredStrategy(list(devices), cross_device_ops=cross_device_ops)
 
 
 def replica_shares(batch: int, replicas: int) -> list[int]:
@@ -51,8 +38,7 @@ def replica_shares(batch: int, replicas: int) -> list[int]:
         ([8, 8, 8, 6], [2, 2, 2, 0])
     """
     _positive("replicas", replicas)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
-        raise ValueError(f"batch={batch!r} must be a whole number of examples, 0 or more.")
+    whole_number("batch", batch, minimum=0, hint="It is the number of examples in the batch.")
     per = math.ceil(batch / replicas)
     return [max(0, min(per, batch - i * per)) for i in range(replicas)]
 
@@ -72,8 +58,10 @@ def fit_example_weights(shares: Sequence[int]) -> list[float | None]:
         ([1.0, 1.0, 1.0, 1.0], [0.75, 0.75, 0.75, None])
     """
     shares = list(shares)
-    if not shares or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shares):
-        raise ValueError(f"shares={shares!r} must be a list of whole numbers ≥ 0, one per replica, e.g. [2, 2, 2, 0].")
+    if not shares:
+        raise BadArgument("shares=[] must list each replica's examples, e.g. shares=[2, 2, 2, 0].")
+    for share in shares:
+        whole_number("shares", share, minimum=0, hint=f"In shares={shares!r}, each is one replica's examples.")
     batch, n = sum(shares), len(shares)
     return [batch / (n * k) if k else None for k in shares]
 
@@ -103,8 +91,7 @@ def scaled_learning_rate(base_lr: float, base_batch: int, global_batch: int) -> 
         >>> scaled_learning_rate(0.1, 32, 128)
         0.4
     """
-    if isinstance(base_lr, bool) or not isinstance(base_lr, (int, float)) or base_lr <= 0:
-        raise ValueError(f"base_lr={base_lr!r} must be a positive number, e.g. 0.05.")
+    real_number("base_lr", base_lr, minimum=0, above=True, example=0.05)
     _positive("base_batch", base_batch)
     _positive("global_batch", global_batch)
     return base_lr * global_batch / base_batch
@@ -192,8 +179,7 @@ def batch_plan(examples: int, batch: int, replicas: int, mode: str = "per_replic
     _positive("examples", examples)
     _positive("batch", batch)
     _positive("replicas", replicas)
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}: use 'per_replica' or 'global'.")
+    one_of("mode", mode, MODES)
     if mode == "per_replica":
         global_batch = batch * replicas
     else:
@@ -397,12 +383,9 @@ def train_mirrored(build_model: Callable[[], Any], split: Any, replicas: int, gl
     tf = quiet.import_tensorflow()
     import keras
 
-    from mgpu_edu import devices as _devices
-
     _positive("epochs", epochs)
     names = list(devices) if devices is not None else _devices.logical_devices()
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= len(names):
-        raise ValueError(f"replicas={replicas!r}: this kernel has {len(names)} devices, so use 1 to {len(names)}.")
+    whole_number("replicas", replicas, maximum=len(names), hint=f"This kernel has {len(names)} devices.")
     plan = batch_plan(len(split.x_train), global_batch, replicas, mode="global", drop_remainder=drop_remainder)
     if plan.fit_error:
         raise ValueError(plan.fit_error)

@@ -12,14 +12,19 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
+from mgpu_edu._validate import BadArgument, one_of, whole_number
+
+
+def _device_list(devices: Sequence[str]) -> list[str]:
+    """devices as a list, or BadArgument when there are none (naming ``devices``, the caller's argument)."""
+    devices = list(devices)
+    if not devices:
+        raise BadArgument("devices is empty: pass the device names to use, e.g. mgpu_edu.logical_devices(4).")
+    return devices
 
 
 def _check_count(n: object, what: str = "n") -> int:
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{what} must be a whole number of shards (1 or more), got {type(n).__name__} {n!r}.")
-    if n < 1:
-        raise ValueError(f"{what}={n}: you need at least 1 shard. Pass the number of devices, e.g. {what}=4.")
-    return n
+    return whole_number(what, n, example=4, hint="It is the number of shards: pass the number of devices.")
 
 
 def shard_sizes(batch: int, n: int) -> list[int]:
@@ -32,8 +37,7 @@ def shard_sizes(batch: int, n: int) -> list[int]:
         [1, 1, 0, 0]
     """
     n = _check_count(n)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
-        raise ValueError(f"batch={batch!r} must be a whole number of examples, 0 or more.")
+    whole_number("batch", batch, minimum=0, hint="It is the number of examples in the batch.")
     base, extra = divmod(batch, n)
     return [base + 1 if i < extra else base for i in range(n)]
 
@@ -90,9 +94,7 @@ def tower_gradients(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: A
         [5, 4]
     """
     tf = quiet.import_tensorflow()
-    devices = list(devices)
-    if not devices:
-        raise ValueError("devices is empty: pass the device names to use, e.g. mgpu_edu.logical_devices(4).")
+    devices = _device_list(devices)
     towers = []
     for device, xs, ys in zip(devices, split_batch(x, len(devices)), split_batch(y, len(devices)), strict=True):
         with tf.device(device):
@@ -118,8 +120,9 @@ def combine_towers(towers: Sequence[Tower], weighting: str = "examples", device:
     The sum runs on ``device`` (default: the first tower's device).
     """
     tf = quiet.import_tensorflow()
-    if weighting not in ("examples", "mean_of_means"):
-        raise ValueError(f"weighting={weighting!r}: use 'examples' (correct) or 'mean_of_means' (the mistake).")
+    one_of("weighting", weighting, ("examples", "mean_of_means"), hint="'examples' is right; the other, the mistake.")
+    if not towers:
+        raise BadArgument("towers is empty: pass what tower_gradients returned, one tower per device.")
     with tf.device(device or towers[0].device):
         if weighting == "examples":
             total = tf.cast(tf.add_n([t.examples for t in towers]), towers[0].grads[0].dtype)
@@ -173,6 +176,7 @@ def data_parallel_predict(model: Any, x: Any, devices: Sequence[str]) -> Any:
     predict on fewer, or on the CPU alone.
     """
     tf = quiet.import_tensorflow()
+    devices = _device_list(devices)
     outputs = []
     for device, xs in zip(devices, split_batch(x, len(devices)), strict=True):
         with tf.device(device):
@@ -203,7 +207,7 @@ def timed_on_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices:
     a graph. With no GPU this shows logical CPUs, which share the machine's cores.
     """
     tf = quiet.import_tensorflow()
-    devices = list(devices)
+    devices = _device_list(devices)
     if len(shards) != len(devices):
         raise ValueError(f"got {len(shards)} shards for {len(devices)} devices: pass one shard per device.")
 

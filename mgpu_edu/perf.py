@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
+from mgpu_edu._validate import real_number, whole_number
 
 
 def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
@@ -19,8 +20,7 @@ def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
     It stands in for reading and decoding images from disk: the device waits for each batch.
     """
     tf = quiet.import_tensorflow()
-    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or delay_s < 0:
-        raise ValueError(f"delay_s={delay_s!r} must be a number of seconds ≥ 0.")
+    real_number("delay_s", delay_s, minimum=0, example=0.01, hint="It is seconds of decoding per batch.")
 
     def decode(features: Any, labels: Any) -> tuple[Any, Any]:
         def work(f: Any) -> Any:
@@ -72,8 +72,7 @@ def time_epochs(train_step: Callable[[Any, Any], Any], dataset: Any, epochs: int
 
 def throughput(train_step: Callable[[Any, Any], Any], x: Any, y: Any, steps: int = 10) -> float:
     """Examples per second of ``train_step`` on one batch (x, y), after one warm-up step."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} must be a whole number of at least 1, e.g. steps=10.")
+    whole_number("steps", steps, example=10)
     float(train_step(x, y))
     start = time.perf_counter()
     for _ in range(steps):

@@ -21,8 +21,26 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
-from mgpu_edu._validate import whole_number
-from mgpu_edu.parallel import shard_sizes
+from mgpu_edu._validate import BadArgument, one_of, real_number, whole_number
+from mgpu_edu.allreduce import ring_allreduce
+from mgpu_edu.memory import PRECISIONS, model_states
+from mgpu_edu.parallel import shard_sizes, split_batch
+
+
+class Stage(NamedTuple):
+    """What a stage's forward pass keeps for its backward pass: its input (copied onto its device) and output."""
+
+    inputs: Any
+    outputs: Any
+
+
+class InFlight(NamedTuple):
+    """A micro-batch a stage has run forward and not yet backward: its Stage, its tape, and (last stage
+    only) the gradient of the loss with respect to the logits."""
+
+    stage: Stage
+    tape: Any
+    loss_grad: Any
 
 
 class Event(NamedTuple):
@@ -87,8 +105,9 @@ def micro_batches_for_bubble(stages: int, target: float) -> int:
         28
     """
     p = _count("stages", stages)
-    if not 0 < target < 1:
-        raise ValueError(f"target={target!r} must be a fraction between 0 and 1, e.g. 0.1 for 10 %.")
+    real_number("target", target, 0, 1, example=0.1, hint="It is the bubble's share, above 0 and below 1.")
+    if target in (0, 1):
+        raise BadArgument(f"target={target!r} must be above 0 and below 1, e.g. target=0.1 for 10 %.")
     m = 1
     while bubble_fraction(p, m) >= target:
         m += 1
@@ -139,22 +158,22 @@ class StagedModel:
         """(variable path, device) for every trainable variable."""
         return [(v.path, v.value.device) for v in self.trainable_variables]
 
-    def forward(self, stage: int, x: Any) -> tuple[Any, Any]:
-        """Run stage s on its device; returns (output, tape) for the backward pass."""
+    def forward(self, stage: int, x: Any) -> tuple[Stage, Any]:
+        """Run stage s on its device; returns (Stage(inputs, outputs), tape) for the backward pass."""
         tf = quiet.import_tensorflow()
         with tf.device(self.devices[stage]):
             x = tf.identity(x)  # the copy into this stage's device: what crosses the boundary
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 y = self.blocks[stage](x, training=True)
-        return (x, y), tape
+        return Stage(x, y), tape
 
-    def backward(self, stage: int, saved: Any, tape: Any, upstream: Any) -> tuple[Any, list[Any]]:
+    def backward(self, stage: int, saved: Stage, tape: Any, upstream: Any) -> tuple[Any, list[Any]]:
         """Backward through stage s: returns (gradient for the previous stage's output, variable grads)."""
         tf = quiet.import_tensorflow()
-        x, y = saved
         with tf.device(self.devices[stage]):
-            grads = tape.gradient(y, [x, *self.blocks[stage].trainable_variables], output_gradients=upstream)
+            grads = tape.gradient(saved.outputs, [saved.inputs, *self.blocks[stage].trainable_variables],
+                                  output_gradients=upstream)
         return grads[0], grads[1:]
 
     def __call__(self, x: Any) -> Any:
@@ -205,8 +224,6 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
     micro_batches=1 is the naive layer split: one stage busy at a time.
     """
     tf = quiet.import_tensorflow()
-    from mgpu_edu.parallel import split_batch
-
     m = _count("micro_batches", micro_batches)
     p = len(model.blocks)
     xs, ys = split_batch(x, m), split_batch(y, m)
@@ -222,31 +239,31 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
 
     def stage_worker(s: int) -> None:
         try:
-            saved = []
+            in_flight: list[InFlight] = []
             for i in range(m):
                 inputs = xs[i] if s == 0 else _take(forward_in[s])
                 start = time.perf_counter()
-                output, tape = model.forward(s, inputs)
+                stage, tape = model.forward(s, inputs)
                 loss_grad = None
                 if s == p - 1:  # the loss and its gradient for the logits, on the last stage's device
                     with tf.device(model.devices[s]), tf.GradientTape() as loss_tape:
-                        loss_tape.watch(output[1])
-                        loss = tf.reduce_sum(loss_fn(ys[i], output[1])) / total
-                    loss_grad = loss_tape.gradient(loss, output[1])
+                        loss_tape.watch(stage.outputs)
+                        loss = tf.reduce_sum(loss_fn(ys[i], stage.outputs)) / total
+                    loss_grad = loss_tape.gradient(loss, stage.outputs)
                     losses.append(loss)
-                _ = output[1].numpy()  # wait for the work, so the timing is real
+                _ = stage.outputs.numpy()  # wait for the work, so the timing is real
                 end = time.perf_counter()
-                saved.append((output, tape, loss_grad))
+                in_flight.append(InFlight(stage, tape, loss_grad))
                 with lock:
                     events.append(Event(s, i, "F", start - origin, end - origin))
                 if s < p - 1:
-                    forward_in[s + 1].put(output[1])
+                    forward_in[s + 1].put(stage.outputs)
             for i in range(m):
-                output, tape, loss_grad = saved[i]
+                held = in_flight[i]
                 start = time.perf_counter()
-                upstream = loss_grad if s == p - 1 else _take(backward_in[s])
+                upstream = held.loss_grad if s == p - 1 else _take(backward_in[s])
                 upstream_start = time.perf_counter() if s < p - 1 else start
-                back, var_grads = model.backward(s, output, tape, upstream)
+                back, var_grads = model.backward(s, held.stage, held.tape, upstream)
                 _ = back.numpy()
                 end = time.perf_counter()
                 grads[s].append(var_grads)
@@ -256,7 +273,7 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
                     backward_in[s - 1].put(back)
         except _Abort:
             return  # another stage failed; its error is re-raised below
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as error:  # re-raised in the caller's thread
             errors.append(error)
             for q in (*forward_in, *backward_in):
                 for _ in range(m):
@@ -285,8 +302,6 @@ def column_parallel_dense(x: Any, kernel: Any, bias: Any, devices: Sequence[str]
     Every device needs all of x; the partial outputs are concatenated (an all-gather).
     """
     tf = quiet.import_tensorflow()
-    from mgpu_edu.parallel import split_batch
-
     columns = split_batch(tf.transpose(kernel), len(devices))
     biases = split_batch(bias, len(devices))
     parts = []
@@ -304,9 +319,6 @@ def row_parallel_dense(x: Any, kernel: Any, bias: Any, devices: Sequence[str]) -
     from lesson 03). Returns the full output on every device; the bias is added once.
     """
     tf = quiet.import_tensorflow()
-    from mgpu_edu.allreduce import ring_allreduce
-    from mgpu_edu.parallel import split_batch
-
     rows = split_batch(kernel, len(devices))
     inputs = split_batch(tf.transpose(x), len(devices))
     partial = []
@@ -326,9 +338,11 @@ def row_parallel_dense(x: Any, kernel: Any, bias: Any, devices: Sequence[str]) -
 
 def _layers(widths: Sequence[int]) -> list[tuple[int, int]]:
     widths = list(widths)
-    if len(widths) < 2 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
-        raise ValueError(f"widths={widths!r} must list at least two layer sizes (inputs, then each layer's "
-                         "units), e.g. [64, 512, 10].")
+    if len(widths) < 2:
+        raise BadArgument(f"widths={widths!r} must list at least two layer sizes (inputs, then each layer's "
+                          "units), e.g. [64, 512, 10].")
+    for width in widths:
+        whole_number("widths", width, hint=f"In widths={widths!r}, each is a layer's size.")
     return list(zip(widths[:-1], widths[1:], strict=False))
 
 
@@ -347,8 +361,6 @@ def stage_memory(widths: Sequence[int], batch: int, devices: int, optimizer: str
         >>> [round(m["total"] / 2**20, 2) for m in stage_memory([64, 512, 10], 16, 2, optimizer="sgd")]
         [0.29, 0.07]
     """
-    from mgpu_edu.memory import PRECISIONS, model_states
-
     layers = _layers(widths)
     _count("batch", batch)
     per_stage = _deal(len(layers), _count("devices", devices))
@@ -389,8 +401,6 @@ def parallelism_costs(widths: Sequence[int], batch: int, devices: int, micro_bat
     ``idle_fraction`` is the ideal share of device-time spent waiting: (P−1)/P for the layer
     split, the GPipe bubble for the pipeline, 0 for data and tensor parallelism.
     """
-    from mgpu_edu.memory import PRECISIONS, model_states
-
     n = _count("devices", devices)
     _count("batch", batch)
     layers = _layers(widths)
@@ -433,8 +443,7 @@ def traffic_crossover(widths: Sequence[int], devices: int, measure: str = "bytes
         >>> traffic_crossover([64, 512, 512, 512, 10], 4)
         826
     """
-    if measure not in ("bytes_per_device", "bytes_total"):
-        raise ValueError(f"measure={measure!r}: use 'bytes_per_device' or 'bytes_total'.")
+    one_of("measure", measure, ("bytes_per_device", "bytes_total"))
 
     def costs(batch: int) -> dict[str, float]:
         rows = {r["strategy"]: r[measure] for r in parallelism_costs(widths, batch, devices)}

@@ -136,7 +136,7 @@ def draw_batch_flow(sizes: list[int], devices: list[str], ax: Axes | None = None
     return ax
 
 
-def draw_allreduce_step(trace, k: int, ax: Axes | None = None) -> Axes:  # noqa: ANN001 - allreduce.Trace
+def draw_allreduce_step(trace, k: int, ax: Axes | None = None) -> Axes:  # trace: an allreduce.Trace
     """Each device's chunks after step k of an all-reduce trace, with the sends of step k as arrows.
 
     A cell shows which devices' data the chunk has summed; it darkens as the sum fills, and
@@ -219,7 +219,7 @@ def new_figure(width: float, height: float) -> Figure:
     return Figure(figsize=(width, height))
 
 
-def draw_runs(results: list, axes: tuple) -> None:  # noqa: ANN001 - list of mirrored.RunResult
+def draw_runs(results: list, axes: tuple) -> None:  # results: mirrored.RunResult
     """Compare training runs: examples per second and test accuracy, one bar per run."""
     labels = [f"{r.replicas}×{r.per_replica}" for r in results]
     colors = [device_color(r.replicas - 1) for r in results]
@@ -273,7 +273,7 @@ def _share_boxes(shares: list[int], height: int) -> str:
     return f"<div style='display:flex;height:{height}px;border:1px solid #000;margin:2px 0 8px'>{cells}</div>"
 
 
-def split_diagram_html(plan) -> str:  # noqa: ANN001 - a mirrored.BatchPlan
+def split_diagram_html(plan) -> str:  # a mirrored.BatchPlan
     """How TensorFlow splits one global batch over the replicas, and one epoch as steps, as light HTML.
 
     The shares are TensorFlow's (``plan.shares``, from :func:`mgpu_edu.mirrored.replica_shares`);
@@ -307,3 +307,25 @@ def split_diagram_html(plan) -> str:  # noqa: ANN001 - a mirrored.BatchPlan
         f"<div style='display:flex;height:12px;margin-top:2px'>{steps}</div>"
         + (_share_boxes(plan.last_shares, 16) if short and plan.replicas > 1 else "")
         + "</div>")
+
+
+def draw_scaling(steps: list, curve: dict, axes: tuple) -> None:  # steps: costmodel.StepTime for 1 … N
+    """Compute and exposed all-reduce time per step (bars), and scaling efficiency (line), for 1 … N replicas.
+
+    Example:
+        >>> ns = range(1, 5)  # doctest: +SKIP
+        >>> draw_scaling([costmodel.step_time(..., n, ...) for n in ns], costmodel.scaling(...), axes)  # doctest: +SKIP
+    """
+    bars, line = axes
+    ns = [s.replicas for s in steps]
+    bars.bar(ns, [s.compute_s * 1e3 for s in steps], color=device_color(0), label="compute")
+    bars.bar(ns, [(s.comm_s - s.hidden_s) * 1e3 for s in steps], bottom=[s.compute_s * 1e3 for s in steps],
+             color=device_color(3), label="all-reduce (not hidden)")
+    bars.set_xlabel("replicas", fontsize=8)
+    bars.set_ylabel("ms per step", fontsize=8)
+    bars.legend(fontsize=7)
+    line.plot(ns, curve["efficiency"], marker="o", markersize=3, color=device_color(2))
+    line.set_ylim(0, 1.05)
+    line.set_xlabel("replicas", fontsize=8)
+    line.set_ylabel("scaling efficiency", fontsize=8)
+    line.grid(alpha=0.3)

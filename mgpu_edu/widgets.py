@@ -9,7 +9,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from mgpu_edu import allreduce, viz
+from mgpu_edu import allreduce, costmodel, mirrored, pipeline, viz
+from mgpu_edu import devices as _devices
+from mgpu_edu._validate import one_of, real_number, whole_number
 
 
 class _Displayed:
@@ -37,10 +39,8 @@ class AllReduceStepper(_Displayed):
     def __init__(self, n: int = 4, algorithm: str = "ring", max_n: int = 16) -> None:
         import ipywidgets as w
 
-        if algorithm not in allreduce.ALGORITHMS:
-            raise ValueError(f"algorithm={algorithm!r} is not one of {', '.join(allreduce.ALGORITHMS)}.")
-        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= max_n:
-            raise ValueError(f"n={n!r}: pick a whole number of devices from 2 to {max_n}.")
+        one_of("algorithm", algorithm, allreduce.ALGORITHMS)
+        whole_number("n", n, minimum=2, maximum=max_n, hint="It is the number of devices.")
         self.n = w.IntSlider(value=n, min=2, max=max_n, description="devices N")
         self.algorithm = w.Dropdown(options=list(allreduce.ALGORITHMS), value=algorithm, description="algorithm")
         self.step = w.IntSlider(value=0, min=0, max=1, description="step")
@@ -98,8 +98,6 @@ class ReplicaBatchExplorer(_Displayed):
                  drop_remainder: bool = True) -> None:
         import ipywidgets as w
 
-        from mgpu_edu import devices as _devices
-
         self.build_model, self.split = build_model, split
         self.devices = list(devices) if devices is not None else _devices.logical_devices()
         self.base_lr, self.base_batch, self.background = base_lr, base_batch, background
@@ -134,8 +132,6 @@ class ReplicaBatchExplorer(_Displayed):
     # ------------------------------------------------------------------ live part
     def plan(self) -> Any:
         """The batch plan for the current controls (raises ValueError for an invalid choice)."""
-        from mgpu_edu import mirrored
-
         return mirrored.batch_plan(len(self.split.x_train), self.batch.value, self.replicas.value,
                                    mode=self.mode.value, base_lr=self.base_lr, base_batch=self.base_batch,
                                    drop_remainder=self.drop_remainder.value)
@@ -182,8 +178,6 @@ class ReplicaBatchExplorer(_Displayed):
 
     def train(self, claimed: bool = False) -> Any:
         """Train once with the current controls, in this thread; returns the RunResult (None if busy/invalid)."""
-        from mgpu_edu import mirrored
-
         if self.busy and not claimed:
             return None
         self.busy = True
@@ -202,7 +196,7 @@ class ReplicaBatchExplorer(_Displayed):
             self._render_results()
             self.status.value = (f"<p>Done: {result.replicas} replica(s), {result.seconds_per_epoch:.2f} s per "
                                  f"epoch, test accuracy {result.accuracy:.3f}.</p>")
-        except Exception as error:  # noqa: BLE001 - shown in the widget, never a traceback in the notebook
+        except Exception as error:  # shown in the widget, never a traceback in the notebook
             self.status.value = f"<p style='color:#b00'>⚠ {html.escape(str(error) or repr(error))}</p>"
         finally:
             self.busy = False  # only after the results are in, so a quick second click can't interleave
@@ -238,8 +232,6 @@ class PipelineExplorer(_Displayed):
     def __init__(self, stages: int = 4, micro_batches: int = 4) -> None:
         import ipywidgets as w
 
-        from mgpu_edu import pipeline
-
         pipeline.bubble_fraction(stages, micro_batches)  # validates both
         self.stages = w.IntSlider(value=stages, min=1, max=8, description="stages P")
         self.micro_batches = w.IntSlider(value=micro_batches, min=1, max=32, description="micro-batches M")
@@ -252,8 +244,6 @@ class PipelineExplorer(_Displayed):
         self._draw()
 
     def _draw(self, change: Any = None) -> None:
-        from mgpu_edu import pipeline
-
         p, m = self.stages.value, self.micro_batches.value
         events = pipeline.gpipe_schedule(p, m)
         fig = viz.new_figure(9, 0.35 * p + 1.0)
@@ -281,17 +271,14 @@ class ScalingSimulator(_Displayed):
                  device: str = "T4", link: str = "PCIe 3", max_replicas: int = 16, utilisation: float = 1.0) -> None:
         import ipywidgets as w
 
-        from mgpu_edu import allreduce, costmodel
-
         style = {"description_width": "150px"}
         self.params = w.FloatLogSlider(value=params_millions, base=10, min=-1, max=4, description="params (M)",
                                        style=style)
         self.flops = w.FloatLogSlider(value=gflops_per_example, base=10, min=-2, max=3,
                                       description="GFLOPs / example", style=style)
         self.batch = w.IntSlider(value=batch, min=1, max=1024, description="batch per replica", style=style)
-        costmodel.positive_number("utilisation", utilisation)
-        if utilisation > 1:
-            raise ValueError(f"utilisation={utilisation!r} is a share of the peak: pick a number from 0 to 1.")
+        real_number("utilisation", utilisation, minimum=0, maximum=1, above=True,
+                    hint="It is the share of the device's peak that training reaches.")
         self.device = w.Dropdown(options=list(costmodel.PEAK_TFLOPS), value=device, description="device (peak)",
                                  style=style)
         self.utilisation = w.FloatSlider(value=utilisation, min=0.01, max=1, step=0.01, readout_format=".0%",
@@ -315,8 +302,6 @@ class ScalingSimulator(_Displayed):
 
     def options(self) -> dict[str, Any]:
         """The current controls as costmodel keyword arguments."""
-        from mgpu_edu import costmodel
-
         peaks = costmodel.PEAK_TFLOPS[self.device.value]
         peak = peaks.get(self.precision.value, peaks["fp32"])  # no TF32 on a T4: float32 runs as fp32
         # Keras's mixed precision keeps float32 variables, so gradients are all-reduced in float32
@@ -325,26 +310,13 @@ class ScalingSimulator(_Displayed):
                 "overlap": self.overlap.value, "bytes_per_param": 4}
 
     def _draw(self, change: Any = None) -> None:
-        from mgpu_edu import costmodel
-
         params, flops = self.params.value * 1e6, self.flops.value * 1e9
         options = self.options()
         ns = list(range(1, self.max_replicas.value + 1))
         steps = [costmodel.step_time(params, flops, self.batch.value, n, **options) for n in ns]
         curve = costmodel.scaling(params, flops, self.batch.value, ns[-1], **options)
         fig = viz.new_figure(10, 3)
-        bars, line = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-        bars.bar(ns, [s.compute_s * 1e3 for s in steps], color=viz.device_color(0), label="compute")
-        bars.bar(ns, [(s.comm_s - s.hidden_s) * 1e3 for s in steps], bottom=[s.compute_s * 1e3 for s in steps],
-                 color=viz.device_color(3), label="all-reduce (not hidden)")
-        bars.set_xlabel("replicas", fontsize=8)
-        bars.set_ylabel("ms per step", fontsize=8)
-        bars.legend(fontsize=7)
-        line.plot(ns, curve["efficiency"], marker="o", markersize=3, color=viz.device_color(2))
-        line.set_ylim(0, 1.05)
-        line.set_xlabel("replicas", fontsize=8)
-        line.set_ylabel("scaling efficiency", fontsize=8)
-        line.grid(alpha=0.3)
+        viz.draw_scaling(steps, curve, (fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)))
         fig.tight_layout()
         self.image.value = viz.figure_png(fig, tight=False)
         last = steps[-1]

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from mgpu_edu import devices, env, quiet
+from mgpu_edu import devices, env, processes, quiet
 
 
 class FakeDevice:
@@ -40,7 +40,7 @@ class FakeConfig:
     def list_physical_devices(self, kind: str) -> list[FakeDevice]:
         return list(self.physical[kind])
 
-    def LogicalDeviceConfiguration(self, memory_limit=None):  # noqa: N802 - TF's name
+    def LogicalDeviceConfiguration(self, memory_limit=None):  # TF's name
         return types.SimpleNamespace(memory_limit=memory_limit)
 
     def _check(self) -> None:
@@ -98,7 +98,7 @@ def run_fresh(code: str, timeout: float = 180) -> dict:
     The code must assign a JSON-able value to ``result``; printed text comes back as "stdout".
     """
     wrapper = textwrap.dedent(code) + "\nimport json as _j\nprint('@@RESULT@@' + _j.dumps(result))\n"
-    completed = devices.run_in_new_process(wrapper, timeout=timeout)
+    completed = processes.run_in_new_process(wrapper, timeout=timeout)
     assert completed.returncode == 0, completed.stderr[-3000:]
     stdout, _, payload = completed.stdout.rpartition("@@RESULT@@")
     return {"stdout": stdout, "result": json.loads(payload)}

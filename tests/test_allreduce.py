@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgpu_edu import allreduce
+from mgpu_edu import allreduce, strategies
 
 FUNCTIONS = {
     "ring": allreduce.ring_allreduce,
@@ -142,18 +142,16 @@ def test_oracle_mirrored_strategy_picks_collective_ring_on_logical_cpus(four_dev
     (On logical GPUs TensorFlow's source picks the ring too, NCCL only on physical GPUs: that needs a
     GPU to check, see docs/gpu-runs.md.)
     """
-    from mgpu_edu import mirrored
-
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     assert type(strategy.extended._cross_device_ops).__name__ == "CollectiveAllReduce"
     assert strategy.extended._communication_options.implementation.name == "RING"
 
 
 def test_oracle_keras_all_reduces_every_gradient_in_one_pack(four_devices):
     """Keras 3's apply_gradients launches one all-reduce per replica; bytes_per_pack splits it."""
-    from mgpu_edu import mirrored, models
+    from mgpu_edu import models
 
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     with strategy.scope():
         model = models.mlp(64, 10, hidden=(64, 64))  # gradients of 16,384, 256, 16,384, 256, 2,560 and 40 bytes
     assert allreduce.gradient_allreduces(strategy, model) == 1

@@ -1,4 +1,5 @@
-"""Student versions of every lesson run top to bottom in a fresh kernel, and every check says "not solved yet"."""
+"""Student versions: solutions become runnable stubs, and every lesson's student version runs top to bottom
+in a fresh kernel with every check saying "not solved yet"."""
 
 from __future__ import annotations
 
@@ -10,9 +11,26 @@ import pytest
 from mgpu_edu import assignments, course
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
+FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
 
 
-@pytest.mark.parametrize("file", [file for file, _ in course.LESSONS])
+def test_solution_stubs_keep_indentation_and_markdown_answers():
+    source = "if True:\n    ### BEGIN SOLUTION\n    a, (b, *c) = 1, (2, 3)\n    ### END SOLUTION\n    print(a)"
+    assert assignments.strip_solutions(source) == (
+        "if True:\n    # YOUR CODE HERE: replace ... with your answer.\n    a = ...\n    b = ...\n    c = ...\n"
+        "    print(a)")
+    text = "Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"
+    assert assignments.strip_solutions(text, markdown=True) == "Why?\nYOUR ANSWER HERE"
+    assert assignments.solution_stub("print('no names')") == "# YOUR CODE HERE"
+    with pytest.raises(assignments.SolutionMarkerError, match="line 2.*without"):
+        assignments.strip_solutions("x\n### END SOLUTION")
+    with pytest.raises(assignments.SolutionMarkerError, match="again before"):
+        assignments.strip_solutions("### BEGIN SOLUTION\n### BEGIN SOLUTION")
+    with pytest.raises(assignments.SolutionMarkerError, match="not valid Python"):
+        assignments.strip_solutions("### BEGIN SOLUTION\nx = (\n### END SOLUTION")
+
+
+@pytest.mark.parametrize("file", FILES)
 def test_student_version_runs_and_reports_not_solved_yet(tmp_path, file):
     [student] = assignments.write_student_versions(LESSONS / file, tmp_path / "student")
     nb = assignments.run_notebook(student, timeout=300)
@@ -27,7 +45,7 @@ def test_student_version_runs_and_reports_not_solved_yet(tmp_path, file):
     assert not any(p.name.startswith(Path(file).stem) and p.suffix != ".ipynb" for p in LESSONS.iterdir())
 
 
-@pytest.mark.parametrize("file", [file for file, _ in course.LESSONS])
+@pytest.mark.parametrize("file", FILES)
 def test_instructor_version_stores_a_correct_answer_for_every_exercise(file):
     results = assignments.exercise_results(nbformat.read(LESSONS / file, as_version=4), file)
     assert len(results) >= 2

@@ -186,3 +186,66 @@ def test_every_numeric_check_takes_every_number_type(fn, answer, kwargs):
 def test_whole_number_checks_reject_fractions():
     feedback = check.micro_batches(96.5, stages=6, target=0.05)
     assert feedback.status == "wrong" and "whole number" in feedback.message
+
+
+def test_memory_split_feedback(capsys):
+    assert check.memory_split(None).status == "unsolved"
+    assert check.memory_split(...).status == "unsolved"
+    assert check.memory_split(2304).status == "correct"
+    wrong = check.memory_split(3072)
+    assert wrong.status == "wrong" and "20 %" in wrong.message
+    assert "multiple of 256" in check.memory_split(2457).message
+    assert check.memory_split("2304").status == "wrong"
+    out = capsys.readouterr().out
+    assert "⏳ Not solved yet" in out and "✅ Correct" in out and "❌ Not yet right" in out
+
+
+def test_placed_on_feedback(capsys):
+    class Fake:
+        device = "/job:localhost/replica:0/task:0/device:CPU:2"
+
+    assert check.placed_on(None, "/device:CPU:2").status == "unsolved"
+    assert check.placed_on(Fake(), "/device:CPU:2").correct
+    assert check.placed_on(Fake(), "/device:CPU:1").status == "wrong"
+    assert check.placed_on(3.0, "/device:CPU:1").status == "wrong"
+
+
+def test_placed_on_compares_type_and_index(capsys):
+    class On:
+        def __init__(self, device):
+            self.device = device
+
+    assert check.placed_on(On("/job:localhost/replica:0/task:0/device:CPU:11"), "/device:CPU:1").status == "wrong"
+    assert check.placed_on(On("/job:localhost/replica:0/task:0/device:GPU:0"), "/gpu:0").correct
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (0.06, "correct", "60 ms per step"), (0.015, "wrong", "counts parameters, not bytes"),
+    (0.04, "wrong", "sends the tensor once"), (None, "unsolved", "number of seconds"), (1.0, "wrong", "2(N−1)/N")])
+def test_allreduce_seconds_hints(answer, status_, hint):
+    feedback = check.allreduce_seconds(answer, params=100e6, replicas=4, gbytes_per_s=10)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (3.2, "correct", "efficiency of 80%"), (4, "wrong", "that is the ideal"), (0.8, "wrong", "that is the efficiency"),
+    (None, "unsolved", "speed-up"), (2.0, "wrong", "N replicas process N batches")])
+def test_model_speedup_hints(answer, status_, hint):
+    feedback = check.model_speedup(answer, compute_s=0.1, comm_s=0.025, replicas=4)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (256, "correct", "MultiWorkerMirroredStrategy adds up replicas"), (64, "wrong", "one worker's share"),
+    (None, "unsolved", "whole number of examples"), (100, "wrong", "workers × per-worker batch")])
+def test_global_batch_workers_hints(answer, status_, hint):
+    feedback = check.global_batch_workers(answer, workers=4, per_worker=64)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (4, "correct", "the other 4 each apply an update"), (5, "wrong", "a worker's own update isn't in between"),
+    (None, "unsolved", "whole number of updates"), (9, "wrong", "the other workers' updates")])
+def test_staleness_hints(answer, status_, hint):
+    feedback = check.staleness(answer, workers=5)
+    assert feedback.status == status_ and hint in feedback.message

@@ -16,7 +16,7 @@ from mgpu_edu import assignments, course
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
-EXERCISES_PER_LESSON = 2
+COURSE = course.load(LESSONS)
 
 
 def entry_point() -> str:
@@ -115,10 +115,12 @@ def test_lessons_copies_then_protects_changes(tmp_path):
     done = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     target = tmp_path / "my lessons"
-    assert sorted(p.name for p in target.iterdir()) == [file for file, _ in course.LESSONS]
+    assert sorted(p.name for p in target.iterdir()) == sorted([lesson.file for lesson in COURSE.lessons]
+                                                              + [course.MANIFEST])
     assert (target / "03_allreduce.ipynb").read_bytes() == (LESSONS / "03_allreduce.ipynb").read_bytes()
+    assert course.load(target).lessons == COURSE.lessons  # the copy is a course of its own
     again = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
-    assert again.returncode == 0 and "0 lesson(s) copied" in again.stdout
+    assert again.returncode == 0 and "0 file(s) copied" in again.stdout
 
     edited = target / "05_custom_loops.ipynb"
     edited.write_text(edited.read_text() + " ")
@@ -127,7 +129,7 @@ def test_lessons_copies_then_protects_changes(tmp_path):
     assert "05_custom_loops.ipynb" in refused.stderr and "--force" in refused.stderr
     assert edited.read_text().endswith(" ")  # the learner's work is untouched
     forced = mgpu_edu("lessons", "my lessons", "--force", cwd=tmp_path)
-    assert forced.returncode == 0 and "1 lesson(s) copied" in forced.stdout
+    assert forced.returncode == 0 and "1 file(s) copied" in forced.stdout
     assert edited.read_bytes() == (LESSONS / edited.name).read_bytes()
 
 
@@ -142,15 +144,15 @@ def test_lessons_into_a_file_is_refused(tmp_path):
 def test_student_versions_strip_solutions_clear_outputs_and_keep_checks(tmp_path):
     done = mgpu_edu("student", str(LESSONS), "student", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    for file, _ in course.LESSONS:
-        teacher, student = LESSONS / file, tmp_path / "student" / file
+    assert course.load(tmp_path / "student").lessons == COURSE.lessons  # the manifest goes with them
+    for lesson in COURSE.lessons:
+        student = tmp_path / "student" / lesson.file
         nb = nbformat.read(student, as_version=4)
         code = code_of(student)
         assert assignments.BEGIN not in code and assignments.END not in code
         assert assignments.CHECK_MARKER not in code
-        assert code.count("# YOUR CODE HERE") == EXERCISES_PER_LESSON
-        checks = assignments._CHECK_CALL.findall(code)
-        assert checks == assignments._CHECK_CALL.findall(code_of(teacher)) and len(checks) == EXERCISES_PER_LESSON
+        assert code.count("# YOUR CODE HERE") == len(lesson.checks)
+        assert tuple(assignments._CHECK_CALL.findall(code)) == lesson.checks
         assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
         assert nb.metadata[assignments.STUDENT_FLAG] is True and "widgets" not in nb.metadata
         nbformat.validate(nb)
@@ -186,30 +188,12 @@ def test_student_bad_inputs(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_solution_stubs_keep_indentation_and_markdown_answers():
-    source = "if True:\n    ### BEGIN SOLUTION\n    a, (b, *c) = 1, (2, 3)\n    ### END SOLUTION\n    print(a)"
-    assert assignments.strip_solutions(source) == (
-        "if True:\n    # YOUR CODE HERE: replace ... with your answer.\n    a = ...\n    b = ...\n    c = ...\n"
-        "    print(a)")
-    text = "Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"
-    assert assignments.strip_solutions(text, markdown=True) == "Why?\nYOUR ANSWER HERE"
-    assert assignments.solution_stub("print('no names')") == "# YOUR CODE HERE"
-    with pytest.raises(assignments.SolutionMarkerError, match="line 2.*without"):
-        assignments.strip_solutions("x\n### END SOLUTION")
-    with pytest.raises(assignments.SolutionMarkerError, match="again before"):
-        assignments.strip_solutions("### BEGIN SOLUTION\n### BEGIN SOLUTION")
-    with pytest.raises(assignments.SolutionMarkerError, match="not valid Python"):
-        assignments.strip_solutions("### BEGIN SOLUTION\nx = (\n### END SOLUTION")
-
-
 # --- badges ----------------------------------------------------------------------------------------
 
 def make_fork(tmp_path: Path) -> Path:
     fork = tmp_path / "fork"
-    shutil.copytree(LESSONS, fork / "lessons", ignore=shutil.ignore_patterns("_scratch"))
+    shutil.copytree(LESSONS, fork / "lessons", ignore=shutil.ignore_patterns("_scratch", ".ipynb_checkpoints"))
     shutil.copy(ROOT / "README.md", fork / "README.md")
-    (fork / "mgpu_edu").mkdir()
-    shutil.copy(ROOT / "mgpu_edu" / "course.py", fork / "mgpu_edu" / "course.py")
     (fork / ".git").mkdir()  # enough for the command to find the repository root
     return fork
 
@@ -218,16 +202,16 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
     assert done.returncode == 0, done.stderr
-    assert f"{len(course.LESSONS) + 2} file(s) changed" in done.stdout  # every lesson, README, course.py
-    source = (fork / "mgpu_edu" / "course.py").read_text()
-    assert 'REPO = "my-school/gpu-course"' in source and 'REF = "fall-2027"' in source
+    assert f"{len(COURSE.lessons) + 2} file(s) changed" in done.stdout  # every lesson, README, the manifest
+    forked = course.load(fork / "lessons")
+    assert (forked.repo, forked.ref) == ("my-school/gpu-course", "fall-2027")
     snapshot = {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
     text = code_of(fork / "lessons" / "04_mirrored_fit.ipynb")
     assert 'mgpu-edu @ git+https://github.com/my-school/gpu-course@fall-2027' in text
     badges = "".join(c.source for c in nbformat.read(fork / "lessons" / "04_mirrored_fit.ipynb", 4).cells)
     assert "github/my-school/gpu-course/blob/fall-2027/lessons/04_mirrored_fit.ipynb" in badges
     assert "v2/gh/my-school/gpu-course/fall-2027?urlpath=lab/tree/lessons/04_mirrored_fit.ipynb" in badges
-    assert course.lesson_table("my-school/gpu-course", "fall-2027") in (fork / "README.md").read_text()
+    assert course.lesson_table(forked) in (fork / "README.md").read_text()
     again = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
     assert again.returncode == 0 and "Nothing to change" in again.stdout
     assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
@@ -244,6 +228,8 @@ def test_badges_for_student_versions_open_the_student_folder(tmp_path):
     cells = nbformat.read(fork / "student" / "00_devices.ipynb", 4).cells
     assert "github/me/fork/blob/main/student/00_devices.ipynb" in "".join(c.source for c in cells)
     assert (fork / "README.md").read_bytes() == readme  # the README lists the instructor lessons
+    assert course.load(fork / "student").repo == "me/fork"  # the student folder's own manifest
+    assert course.load(fork / "lessons").repo == COURSE.repo  # the instructor lessons' untouched
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mgpu_edu import cluster
+from mgpu_edu import cluster, staleness
 
 SLEEPER = Path(__file__).parent / "workers" / "sleeper.py"
 
@@ -94,7 +94,7 @@ def test_killing_the_run_midway_leaves_no_worker(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(cluster.__file__).parents[1])!r})
-        from mgpu_edu import cluster
+        from mgpu_edu import cluster, staleness
         job = cluster.LocalCluster({str(SLEEPER)!r}, workers=3, args=["sleep", "300"])
         job.start()
         print(job.log_dir, " ".join(map(str, job.pids)), flush=True)
@@ -119,7 +119,7 @@ def test_bad_arguments():
     with pytest.raises(FileNotFoundError, match="nope.py"):
         cluster.LocalCluster("nope.py")
     with pytest.raises(ValueError, match="staleness=-1"):
-        cluster.stale_sgd(-1)
+        staleness.stale_sgd(-1)
 
 
 def test_ports_must_match_workers_and_logs_are_cleaned_up():

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from mgpu_edu import mirrored, models
+from mgpu_edu import mirrored, models, strategies
 
 
 def test_softmax_output_keeps_its_logits_for_keras_losses(four_devices):
@@ -46,7 +46,7 @@ def test_compute_average_loss_default_is_local_size_times_replicas(four_devices)
     replica's size × the replicas: 2 × 4 = 8 on a batch of 6 split 2, 2, 2, 0."""
     import tensorflow as tf
 
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     losses = np.arange(1, 7, dtype="float32")
     batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(losses).batch(6))))
 
@@ -79,7 +79,7 @@ def test_a_new_batch_shape_traces_the_step_again(four_devices):
     import keras
     import tensorflow as tf
 
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     with strategy.scope():
         model = models.mlp(8, 3, hidden=(4,))
         optimizer = keras.optimizers.SGD(0.1)
@@ -103,7 +103,7 @@ def test_mixed_precision_keeps_float32_variables_and_gradients(four_devices):
     import keras
     import tensorflow as tf
 
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     for policy in ("mixed_bfloat16", "mixed_float16"):
         keras.mixed_precision.set_dtype_policy(policy)
         try:
@@ -130,7 +130,7 @@ def test_all_reducing_gradients_yourself_then_apply_gradients_adds_them_twice(fo
     import keras
     import tensorflow as tf
 
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     with strategy.scope():
         variable = keras.Variable(0.0)
         optimizer = keras.optimizers.SGD(1.0)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from mgpu_edu import data, mirrored, models
+from mgpu_edu import data, mirrored, models, strategies
 
 
 def test_cassava_tutorial_arithmetic():
@@ -75,7 +75,7 @@ def test_oracle_replica_shares_are_tensorflows_split(four_devices, replicas):
     """replica_shares (drawn by the explorer, stated by lesson 04) is exactly how TensorFlow splits."""
     import tensorflow as tf
 
-    strategy = mirrored.make_strategy(four_devices[:replicas])
+    strategy = strategies.make_strategy(four_devices[:replicas])
     for examples, batch in [(70, 64), (60, 30), (10, 10), (13, 5), (7, 7), (3, 3), (5, 2), (33, 16)]:
         for drop in (False, True):
             dataset = tf.data.Dataset.range(examples).batch(batch, drop_remainder=drop)
@@ -119,7 +119,7 @@ def test_oracle_fit_weights_unequal_shares_as_fit_example_weights_says(four_devi
     import tensorflow as tf
 
     x, y = _xy(62)  # batches of 32 ([8, 8, 8, 8]) and 30 ([8, 8, 8, 6])
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     with strategy.scope():
         model = _linear()
         model.compile(optimizer=keras.optimizers.SGD(0.5),
@@ -145,7 +145,7 @@ def test_oracle_fit_fails_when_its_first_batch_splits_unevenly(four_devices):
 
     assert mirrored.batch_plan(60, 30, 4, mode="global").fit_error
     x, y = _xy(60)
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     with strategy.scope():
         model = _linear()
         model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -176,7 +176,7 @@ def test_oracle_custom_step_is_the_one_device_step_with_uneven_batches(four_devi
 
     make = {"sgd": lambda: keras.optimizers.SGD(0.5), "adam": lambda: keras.optimizers.Adam(0.05)}[optimizer]
     x, y = _xy(70)
-    strategy = mirrored.make_strategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)
     assert mirrored.observed_shares(strategy, tf.data.Dataset.from_tensor_slices((x, y)).batch(64))[-1] == [2, 2, 2, 0]
     custom, losses = _custom_loop(strategy, x, y, 64, make)
     reference = _linear()
@@ -189,7 +189,7 @@ def test_oracle_custom_step_is_the_one_device_step_with_uneven_batches(four_devi
     # each step's returned loss is that batch's mean (fit's logged loss is a running mean over the epoch)
     assert losses[0] == pytest.approx(per_step[0], rel=1e-5)
     assert (losses[0] * 64 + losses[1] * 6) / 70 == pytest.approx(per_step[1], rel=1e-5)
-    constant, _ = _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, make, divide_by=64)
+    constant, _ = _custom_loop(strategies.make_strategy(four_devices), x, y, 64, make, divide_by=64)
     difference = max(float(np.max(np.abs(a - b))) for a, b in zip(constant.get_weights(), reference.get_weights(),
                                                                            strict=True))
     assert difference > 1e-3  # dividing the short batch by 64 instead of 6 takes a smaller, wrong step
@@ -202,11 +202,11 @@ def test_oracle_adam_needs_building_in_scope_before_strategy_run(four_devices):
 
     x, y = _xy(64)
     with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"):
-        _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01),
+        _custom_loop(strategies.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01),
                      build_optimizer=False)
-    _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.SGD(0.1),
+    _custom_loop(strategies.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.SGD(0.1),
                  build_optimizer=False)  # no slots, nothing to build: works either way
-    model, losses = _custom_loop(mirrored.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01))
+    model, losses = _custom_loop(strategies.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01))
     assert len(losses) == 1 and math.isfinite(losses[0])
 
 
@@ -244,7 +244,7 @@ def test_train_mirrored_really_trains(four_devices):
     assert math.isfinite(result.loss) and 0 <= result.accuracy <= 1
     assert set(result.row()) == {"replicas", "global batch", "per-replica batch", "steps/epoch", "s/epoch",
                                  "examples/s", "final loss", "accuracy"}
-    with pytest.raises(ValueError, match="replicas=5: this kernel has 4 devices"):
+    with pytest.raises(ValueError, match="replicas=5 must be a whole number from 1 to 4. This kernel has 4 devices"):
         mirrored.train_mirrored(lambda: None, _small_split(), replicas=5, global_batch=64, devices=four_devices)
 
 

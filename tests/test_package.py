@@ -9,11 +9,11 @@ import pkgutil
 import pytest
 
 import mgpu_edu
-from mgpu_edu import check, devices, show_source
+from mgpu_edu import devices, processes, show_source
 
 
 def test_import_does_not_load_tensorflow():
-    out = devices.run_in_new_process(
+    out = processes.run_in_new_process(
         "import sys, time\n"
         "t = time.perf_counter()\n"
         "import mgpu_edu, mgpu_edu.check, mgpu_edu.course, mgpu_edu.source\n"
@@ -27,7 +27,7 @@ def test_import_does_not_load_tensorflow():
 
 
 def test_tensorflow_import_is_silent():
-    out = devices.run_in_new_process(
+    out = processes.run_in_new_process(
         "from mgpu_edu import import_tensorflow\n"
         "tf = import_tensorflow()\n"
         "tf.get_logger().info('hidden')\n"
@@ -66,34 +66,3 @@ def test_show_source_and_bad_object():
     assert "mgpu_edu.devices.default_memory_limit_mb" in source._repr_html_()
     with pytest.raises(TypeError, match="can't find source code"):
         show_source(42)
-
-
-def test_memory_split_feedback(capsys):
-    assert check.memory_split(None).status == "unsolved"
-    assert check.memory_split(...).status == "unsolved"
-    assert check.memory_split(2304).status == "correct"
-    wrong = check.memory_split(3072)
-    assert wrong.status == "wrong" and "20 %" in wrong.message
-    assert "multiple of 256" in check.memory_split(2457).message
-    assert check.memory_split("2304").status == "wrong"
-    out = capsys.readouterr().out
-    assert "⏳ Not solved yet" in out and "✅ Correct" in out and "❌ Not yet right" in out
-
-
-def test_placed_on_feedback(capsys):
-    class Fake:
-        device = "/job:localhost/replica:0/task:0/device:CPU:2"
-
-    assert check.placed_on(None, "/device:CPU:2").status == "unsolved"
-    assert check.placed_on(Fake(), "/device:CPU:2").correct
-    assert check.placed_on(Fake(), "/device:CPU:1").status == "wrong"
-    assert check.placed_on(3.0, "/device:CPU:1").status == "wrong"
-
-
-def test_placed_on_compares_type_and_index(capsys):
-    class On:
-        def __init__(self, device):
-            self.device = device
-
-    assert check.placed_on(On("/job:localhost/replica:0/task:0/device:CPU:11"), "/device:CPU:1").status == "wrong"
-    assert check.placed_on(On("/job:localhost/replica:0/task:0/device:GPU:0"), "/gpu:0").correct

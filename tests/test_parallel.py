@@ -137,3 +137,17 @@ def test_timeline_eager_is_sequential_graph_overlaps(four_devices):
     assert all(s.end >= s.start for s in graph)
     with pytest.raises(ValueError, match="3 shards for 4 devices"):
         parallel.timed_on_devices(work, shards[:3], four_devices)
+
+
+def test_errors_name_the_callers_own_arguments(four_devices):
+    import tensorflow as tf
+
+    from mgpu_edu import models
+
+    model = models.mlp(4, 2, hidden=(3,))
+    with pytest.raises(ValueError, match="devices is empty"):
+        parallel.data_parallel_predict(model, tf.zeros((2, 4)), [])
+    with pytest.raises(ValueError, match="towers is empty"):
+        parallel.combine_towers([])
+    with pytest.raises(ValueError, match="weighting='median' is not one of"):
+        parallel.combine_towers([], weighting="median")

@@ -1,0 +1,120 @@
+"""The README and the course guide agree with the manifest and with the committed measurements, and
+the lessons show the package's code as it is now. Nothing here measures anything: the budget
+script checks budgets against their limits; these tests check that derived text matches its source."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from mgpu_edu import course
+
+ROOT = Path(__file__).resolve().parents[1]
+COURSE = course.load(ROOT / "lessons")
+
+
+def _budgets():
+    spec = importlib.util.spec_from_file_location("budgets", ROOT / "benchmarks" / "budgets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _block(text: str, start: str, end: str) -> str:
+    return text.split(start, 1)[1].split(end, 1)[0].strip()
+
+
+def test_readme_lesson_table_is_the_manifests():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert _block(readme, "<!-- lessons:start -->", "<!-- lessons:end -->") == course.lesson_table(COURSE)
+
+
+def test_readme_budget_table_is_the_committed_results():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    results = (ROOT / "benchmarks" / "results.md").read_text(encoding="utf-8")
+    assert _block(readme, "<!-- budgets:start -->", "<!-- budgets:end -->") == results.split("\n\n", 1)[1].strip()
+
+
+def test_guide_time_table_is_generated_from_the_manifest_and_the_committed_results():
+    budgets = _budgets()
+    rows = json.loads((ROOT / "benchmarks" / "results.json").read_text())["lessons"]
+    when = re.search(r"Measured (.*)\.\n", (ROOT / "benchmarks" / "results.md").read_text()).group(1)
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    expected = budgets.guide_table(COURSE, rows, f"measured {when}")
+    assert _block(guide, budgets.TIMES_START, budgets.TIMES_END) == expected
+
+
+def test_no_lesson_count_or_range_is_written_by_hand():
+    """Counts and ranges of lessons come from the manifest; grep finds none anywhere else."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    patterns = [r"\b(?:nine|ten|9|10) (?:Jupyter )?lessons\b", r"\blessons? 0\d\s*(?:[–-]|to)\s*0\d\b",
+                r"\brange\(9\)", r"0\[0-8\]", r"\ball nine\b"]
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if name == "lessons/course.toml" or path.suffix not in {".py", ".md", ".toml", ".cfg", ".txt", ""} \
+                or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        for pattern in patterns:
+            found += [f"{name}: {m.group(0)!r}" for m in re.finditer(pattern, text, flags=re.I)]
+    assert found == []
+
+
+def test_budget_script_renders_every_lesson_and_the_total():
+    rows = [{"lesson": lesson.file, "seconds": 1.0 + i / 10} for i, lesson in enumerate(COURSE.lessons)]
+    table = _budgets().guide_table(COURSE, rows, "today")
+    for i, lesson in enumerate(COURSE.lessons):
+        assert f"| {lesson.number} | {lesson.title} | {lesson.minutes} min | {1.0 + i / 10:.1f} s |" in table
+    assert f"**{sum(r['seconds'] for r in rows):.1f} s**" in table
+
+
+def test_budget_script_refuses_a_guide_without_markers():
+    with pytest.raises(ValueError, match="markers"):
+        _budgets().replace_block("no markers here", "<!-- a -->", "<!-- b -->", "x")
+
+
+def _package_namespace() -> dict:
+    """Every mgpu_edu module by its short name, and every public name they define (for lesson expressions)."""
+    import importlib
+    import pkgutil
+
+    import mgpu_edu
+
+    namespace = {"mgpu_edu": mgpu_edu}
+    for info in pkgutil.iter_modules(mgpu_edu.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"mgpu_edu.{info.name}")
+        namespace[info.name] = module
+        namespace.update({k: v for k, v in vars(module).items() if not k.startswith("_") and callable(v)})
+    return namespace
+
+
+def _show_source_outputs():
+    for lesson in COURSE.lessons:
+        nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
+        for cell in nb.cells:
+            match = cell.cell_type == "code" and re.search(r"show_source\((.+)\)\s*$", cell.source, flags=re.M)
+            if match:
+                yield lesson.file, match.group(1), cell
+
+
+@pytest.mark.parametrize(("file", "expression", "cell"), list(_show_source_outputs()),
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_stored_show_source_outputs_match_the_code(file, expression, cell):
+    """A lesson that walks through package code shows the code as it is now (run make lessons after an edit)."""
+    from mgpu_edu import show_source
+
+    stored = [o for o in cell.outputs if o.get("output_type") == "execute_result"]
+    assert stored, f"{file}: show_source({expression}) has no stored output; run make lessons"
+    current = repr(show_source(eval(expression, _package_namespace())))
+    # Jupyter stores a text result without its final newline
+    assert stored[0]["data"]["text/plain"] == current.rstrip("\n"), \
+        f"{file}: show_source({expression}) is stale; run make lessons"

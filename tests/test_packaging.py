@@ -1,0 +1,56 @@
+"""What installs: the wheel ships the lessons, their manifest and the worker scripts; Binder's files."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from mgpu_edu import course
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_binder_files():
+    lines = (ROOT / "binder" / "requirements.txt").read_text().splitlines()
+    requirements = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    assert "." in requirements
+    assert any(r.startswith("tensorflow-cpu") for r in requirements)
+    assert not any(re.match(r"tensorflow(\[|[<>=]|$)", r) for r in requirements)
+    assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
+
+
+def test_the_wheel_ships_the_lessons_manifest_and_worker_scripts_and_nothing_else(tmp_path):
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "tensorflow" not in " ".join(config["project"]["dependencies"])
+    # a copy of the project, with what runs and editors leave in lessons/
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "hatch_build.py", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for folder in ("mgpu_edu", "lessons", "examples"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "_scratch"))
+    (source / "lessons" / "_scratch").mkdir()
+    (source / "lessons" / "_scratch" / "events.log").write_text("a run's output")
+    (source / "lessons" / ".ipynb_checkpoints").mkdir()
+    (source / "lessons" / ".ipynb_checkpoints" / "00_devices-checkpoint.ipynb").write_text("{}")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-w", str(tmp_path / "dist"), str(source)],
+                   check=True, capture_output=True, timeout=300)
+    [wheel] = (tmp_path / "dist").glob("mgpu_edu-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = sorted(n for n in names if not n.endswith(".py") or "/examples/" in n)
+    shipped = [n for n in shipped if ".dist-info/" not in n]
+    assert shipped == sorted([f"mgpu_edu/lessons/{lesson.file}" for lesson in course.load(ROOT / "lessons").lessons]
+                             + ["mgpu_edu/lessons/course.toml", "mgpu_edu/examples/multi_worker_train.py",
+                                "mgpu_edu/examples/parameter_server.py"])
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "mgpu-edu = mgpu_edu.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
