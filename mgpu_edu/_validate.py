@@ -36,10 +36,12 @@ def _fail(name: str, value: Any, kind: str, minimum: float | None, maximum: floa
 
 
 def whole_number(name: str, value: Any, example: int | None = None, minimum: int | None = 1,
-                 maximum: int | None = None, hint: str = "", where: str = "") -> int:
+                 maximum: int | None = None, hint: str = "", where: str = "", float_ok: bool = False) -> int:
     """Return value if it is a whole number (not a bool) in [minimum, maximum], else raise BadArgument naming it.
 
-    ``where`` (the call, e.g. "setup_devices(0)") starts the message; ``hint`` ends it.
+    ``where`` (the call, e.g. "setup_devices(0)") starts the message; ``hint`` ends it. With
+    ``float_ok`` a float with no fractional part (``7.5e9``, as learners write big counts) is
+    accepted and returned as an int.
 
     Example:
         >>> whole_number("replicas", 2)
@@ -49,6 +51,8 @@ def whole_number(name: str, value: Any, example: int | None = None, minimum: int
         ...
         mgpu_edu._validate.BadArgument: replicas=0 must be a whole number of at least 1, e.g. replicas=2.
     """
+    if float_ok and isinstance(value, float) and value.is_integer():
+        value = int(value)
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
             or (minimum is not None and value < minimum) or (maximum is not None and value > maximum)):
         raise _fail(name, value, "a whole number", minimum, maximum, example, hint, where=where)

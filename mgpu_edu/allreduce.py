@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from mgpu_edu import quiet
-from mgpu_edu._validate import one_of, whole_number
+from mgpu_edu._validate import BadArgument, one_of, whole_number
 from mgpu_edu.parallel import shard_sizes
 from mgpu_edu.strategies import make_strategy
 
@@ -208,6 +208,21 @@ def _check_tensors(tensors: Sequence[Any], name: str) -> list[Any]:
     return tensors
 
 
+def _placed_ops(devices: Sequence[str]) -> tuple[Callable[[int, Any, Any], Any], Callable[[int, Any], Any]]:
+    """The executor's add and copy for tensors on devices: each runs on the receiving device (the send)."""
+    tf = quiet.import_tensorflow()
+
+    def add(dst: int, mine: Any, incoming: Any) -> Any:
+        with tf.device(devices[dst]):
+            return mine + incoming  # runs on dst, so incoming is copied there: the send
+
+    def copy(dst: int, incoming: Any) -> Any:
+        with tf.device(devices[dst]):
+            return tf.identity(incoming)
+
+    return add, copy
+
+
 def _allreduce_tf(tensors: Sequence[Any], algorithm: str, trace: bool, **options: Any) -> Any:
     tf = quiet.import_tensorflow()
     name = f"{algorithm}_allreduce"
@@ -222,21 +237,84 @@ def _allreduce_tf(tensors: Sequence[Any], algorithm: str, trace: bool, **options
     for device, tensor in zip(devices, tensors, strict=True):
         with tf.device(device):
             values.append(list(tf.split(tf.reshape(tensor, [-1]), sizes)))
-
-    def add(dst: int, mine: Any, incoming: Any) -> Any:
-        with tf.device(devices[dst]):
-            return mine + incoming  # runs on dst, so incoming is copied there: the send
-
-    def copy(dst: int, incoming: Any) -> Any:
-        with tf.device(devices[dst]):
-            return tf.identity(incoming)
-
-    values, record = _execute(values, schedule, tensors[0].dtype.size, add, copy, algorithm)
+    values, record = _execute(values, schedule, tensors[0].dtype.size, *_placed_ops(devices), algorithm)
     results = []
     for device, chunks_ in zip(devices, values, strict=True):
         with tf.device(device):
             results.append(tf.reshape(tf.concat(chunks_, axis=0), shape))
     return (results, record) if trace else results
+
+
+def _shard_order(n: int) -> list[int]:
+    """The ring leaves chunk (d + 1) mod N finished on device d; chunk c carries shard (c − 1) mod N, so
+    device d ends up owning shard d."""
+    return [(c - 1) % n for c in range(n)]
+
+
+def ring_reduce_scatter(tensors: Sequence[Any], trace: bool = False) -> Any:
+    """The ring's first half on its own: device d ends with the sum, over every device, of shard d.
+
+    Each tensor (one per device, same shape) is flattened and cut into N shards as
+    :func:`mgpu_edu.parallel.shard_sizes` cuts it (sizes differ by at most one); the result
+    is N flat tensors, shard d summed, on device d. It runs the N−1 reduce-scatter steps of
+    :func:`ring_schedule`, so each device sends (N−1)/N of the tensor. ZeRO's gradients go
+    this way. With trace=True returns ``(shards, trace)``.
+
+    Example:
+        >>> [t.numpy().tolist() for t in ring_reduce_scatter([tf.ones(5), tf.ones(5)])]  # doctest: +SKIP
+        [[2.0, 2.0, 2.0], [2.0, 2.0]]
+    """
+    tf = quiet.import_tensorflow()
+    tensors = _check_tensors(tensors, "ring_reduce_scatter")
+    devices, n = [t.device for t in tensors], len(tensors)
+    sizes = shard_sizes(int(tf.size(tensors[0])), n)
+    order = _shard_order(n)
+    values = []
+    for device, tensor in zip(devices, tensors, strict=True):
+        with tf.device(device):
+            shards = tf.split(tf.reshape(tensor, [-1]), sizes)
+            values.append([shards[order[c]] for c in range(n)])
+    _, steps = ring_schedule(n)
+    values, record = _execute(values, steps[: n - 1], tensors[0].dtype.size, *_placed_ops(devices),
+                              "ring reduce-scatter")
+    owned = [values[d][(d + 1) % n] for d in range(n)]
+    return (owned, record) if trace else owned
+
+
+def ring_all_gather(shards: Sequence[Any], trace: bool = False) -> Any:
+    """The ring's second half on its own: every device ends with all the shards, in order, as one flat tensor.
+
+    ``shards[d]`` is a flat tensor on device d (sizes may differ, as :func:`ring_reduce_scatter`
+    leaves them); the result is N copies of their concatenation, copy d on device d. It runs
+    the N−1 all-gather steps of :func:`ring_schedule`, so each device sends (N−1)/N of the
+    whole. ZeRO's parameters go this way. With trace=True returns ``(tensors, trace)``.
+    """
+    tf = quiet.import_tensorflow()
+    shards = list(shards)
+    if not shards:
+        raise BadArgument("ring_all_gather needs one shard per device, got an empty list.")
+    if any(len(s.shape) != 1 for s in shards):
+        raise BadArgument("ring_all_gather: every shard must be a flat (1-D) tensor; got shapes "
+                          f"{[tuple(s.shape) for s in shards]}. Reshape them with tf.reshape(s, [-1]).")
+    if len({s.dtype for s in shards}) > 1:
+        raise BadArgument(f"ring_all_gather: the shards must share one dtype; got {[s.dtype.name for s in shards]}. "
+                          "Cast them first, e.g. tf.cast(s, tf.float32).")
+    devices, n = [s.device for s in shards], len(shards)
+    order = _shard_order(n)
+    values = []
+    for d, device in enumerate(devices):
+        with tf.device(device):  # the other chunks start as zeros of their size and arrive round the ring
+            values.append([shards[d] if c == (d + 1) % n
+                           else tf.zeros([int(tf.size(shards[order[c]]))], shards[d].dtype) for c in range(n)])
+    _, steps = ring_schedule(n)
+    values, record = _execute(values, steps[n - 1:], shards[0].dtype.size, *_placed_ops(devices),
+                              "ring all-gather")
+    gathered = []
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            by_shard = [values[d][order.index(j)] for j in range(n)]
+            gathered.append(tf.concat(by_shard, axis=0))
+    return (gathered, record) if trace else gathered
 
 
 def ring_allreduce(tensors: Sequence[Any], trace: bool = False) -> Any:

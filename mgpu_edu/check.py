@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mgpu_edu.devices import default_memory_limit_mb
+from mgpu_edu.memory import ZERO_STAGES, model_states
 from mgpu_edu.parallel import shard_sizes
 from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
 
@@ -442,3 +443,57 @@ def staleness(answer: Any, workers: int) -> Feedback:
                   "update. More workers, staler gradients: one reason to lower the learning rate.",
                   [(workers, "a worker's own update isn't in between: count only the others.")],
                   ": the other workers' updates land while one worker computes.")
+
+
+def zero_stage_that_fits(answer: Any, params: float, devices: int, gpu_gb: float, optimizer: str = "adam",
+                         precision: str = "mixed") -> Feedback:
+    """Lesson 09, exercise 1: the lowest ZeRO stage whose model states fit in gpu_gb (decimal GB) per device."""
+    early, answer = _read_number(answer, "set `answer` to a ZeRO stage, 0 to 3.", "a stage number", whole=True)
+    if early is not None:
+        return early
+    totals = {stage: model_states(params, devices, stage, optimizer, precision).total / 1e9
+              for stage in ZERO_STAGES}
+    fitting = [stage for stage in ZERO_STAGES if totals[stage] <= gpu_gb]
+    if not fitting:
+        return _report("wrong", "no stage fits here; the exercise expects one that does.")
+    expected = fitting[0]
+    if answer == expected:
+        return _report("correct", f"stage {expected}: {totals[expected]:.1f} GB per device, where stage "
+                                  f"{expected - 1} needs {totals[expected - 1]:.1f} GB. Each stage shards more, "
+                                  "and sends as much or more (with one micro-batch per step, stage 3 sends 1.5×): "
+                                  "use the lowest that fits."
+                       if expected else f"stage 0 already fits ({totals[0]:.1f} GB).")
+    if answer in totals and answer > expected:
+        return _report("wrong", f"stage {int(answer)} fits ({totals[int(answer)]:.1f} GB), but so does stage "
+                                f"{expected}, which sends no more (with one micro-batch per step stages 0–2 send the "
+                                "same and stage 3 1.5×; with gradient accumulation, each higher stage sends more): "
+                                "pick the lowest.")
+    if answer in totals:
+        return _report("wrong", f"stage {int(answer)} needs {totals[int(answer)]:.1f} GB per device: more than "
+                                f"{gpu_gb:g} GB. Shard more.")
+    return _report("wrong", f"{_show(answer)} is not a ZeRO stage: they are 0, 1, 2 and 3.")
+
+
+def zero3_bytes(answer: Any, n: int, params: float, bytes_per_param: int = 2) -> Feedback:
+    """Lesson 09, exercise 2: bytes one device sends per step under ZeRO-3."""
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
+    size = params * bytes_per_param
+    expected = 3 * (n - 1) / n * size
+    return _judge(answer, expected, f"{expected:,.0f} bytes: 1.5× plain data parallelism's 2(N−1)/N·S (S = the "
+                  "weights' bytes), because every layer's weights are gathered twice, for the forward and the "
+                  "backward pass.", [
+                      (2 * (n - 1) / n * size, "that is stages 0–2. Stage 3 also all-gathers the weights again for "
+                                               "the backward pass: three ring phases, not two."),
+                      (3 * (n - 1) * size, "that is all devices together. Each sends (N−1)/N of S per phase."),
+                      (3 * (n - 1) / n * params, f"that counts weights, not bytes: {bytes_per_param} bytes each."),
+                      (3 * size, "that leaves out (N−1)/N: in each ring phase a device sends every shard but one "
+                                 "(N−1 chunks of S/N), not the whole S."),
+                      *([(3 * (n - 1) / n * params * 4, f"that counts 4 bytes per weight; here each weight and "
+                                                         f"gradient takes {bytes_per_param}.")]
+                        if bytes_per_param != 4 else []),
+                      (expected / 1e9, "that is in GB: the answer is in bytes (multiply by 10⁹)."),
+                      (expected / 2**30, "that is in GiB: the answer is in bytes (multiply by 2³⁰).")],
+                  ": 3 × (N−1)/N × weights × bytes per weight.", rel_tol=1e-6)
+

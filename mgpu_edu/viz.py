@@ -329,3 +329,77 @@ def draw_scaling(steps: list, curve: dict, axes: tuple) -> None:  # steps: costm
     line.set_xlabel("replicas", fontsize=8)
     line.set_ylabel("scaling efficiency", fontsize=8)
     line.grid(alpha=0.3)
+
+
+def bytes_text(n: float) -> str:
+    """A byte count in the binary unit that reads best: "512 B", "2.15 MiB", "13.4 GiB".
+
+    Example:
+        >>> bytes_text(2_254_888), bytes_text(3 * 2**30)
+        ('2.15 MiB', '3.00 GiB')
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+MEMORY_PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "optimizer state"),
+                ("activations", "activations"))
+
+
+def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
+    """Stacked bars of what each device holds, in GiB, with a dashed line at each GPU's memory (shared if alike).
+
+    ``bars`` is a list of (label, memory) where memory has params, grads, optimizer and
+    activations in bytes (a :class:`mgpu_edu.memory.DeviceMemory`); ``marks`` maps a GPU's
+    name to its memory in bytes.
+    """
+    labels = [label for label, _ in bars]
+    bottom = [0.0] * len(bars)
+    for k, (field, name) in enumerate(MEMORY_PARTS):
+        values = [getattr(memory, field) / 2**30 for _, memory in bars]
+        ax.bar(labels, values, bottom=bottom, color=device_color(k), label=name)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    top = max(bottom + [1e-9])
+    lines: list[tuple[float, list[str]]] = []  # marks within 2 % of each other share one line and label
+    for name, size in sorted(marks.items(), key=lambda mark: mark[1]):
+        if lines and size <= 1.02 * lines[-1][0]:
+            lines[-1][1].append(name)
+        else:
+            lines.append((size, [name]))
+    for k, (size, names) in enumerate(lines):
+        gib = size / 2**30
+        if gib <= 2.2 * top:
+            ax.axhline(gib, color="black", linestyle=(0, (4, 2 + k)), linewidth=0.8)
+            ax.text(len(bars) - 0.5, gib, " " + ", ".join(names), va="bottom", ha="right", fontsize=7)
+    ax.set_ylabel("GiB per device", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="upper left")
+    return ax
+
+
+def draw_zero_layout(stage: int, n: int, ax: Axes) -> Axes:
+    """Who holds which shard under ZeRO ``stage``: a row per device, boxes for shards of weights, gradients, state.
+
+    A filled box is a shard the device keeps between steps (coloured by the device that owns
+    it); an empty box is one it doesn't keep.
+    """
+    from matplotlib.patches import Rectangle
+
+    kept = {"weights": stage < 3, "gradients": stage < 2, "optimizer state": stage < 1}
+    for d in range(n):
+        for k, everything in enumerate(kept.values()):
+            for j in range(n):
+                x = k * (n + 1) + j
+                held = everything or j == d
+                ax.add_patch(Rectangle((x, n - 1 - d), 0.9, 0.8, facecolor=device_color(j) if held else "white",
+                                       edgecolor="black" if held else "#999", linestyle="-" if held else ":"))
+        ax.text(-0.3, n - 1 - d + 0.4, f"device {d}", ha="right", va="center", fontsize=8)
+    for k, part in enumerate(kept):
+        ax.text(k * (n + 1) + n / 2, n + 0.1, part, ha="center", fontsize=8)
+    ax.set_xlim(-2.4, 3 * (n + 1))
+    ax.set_ylim(-0.2, n + 0.6)
+    ax.set_title(f"ZeRO stage {stage}" + (" (plain data parallelism)" if stage == 0 else ""), fontsize=9)
+    ax.axis("off")
+    return ax

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from mgpu_edu import allreduce, costmodel, mirrored, pipeline, viz
+from mgpu_edu import allreduce, costmodel, memory, mirrored, pipeline, quiet, viz
 from mgpu_edu import devices as _devices
 from mgpu_edu._validate import one_of, real_number, whole_number
 
@@ -323,3 +323,117 @@ class ScalingSimulator(_Displayed):
         self.info.value = (f"<p>{ns[-1]} replicas: compute {last.compute_s * 1e3:.1f} ms + all-reduce "
                            f"{last.comm_s * 1e3:.1f} ms ({last.hidden_s * 1e3:.1f} ms hidden) per step → speed-up "
                            f"<b>{curve['speedup'][-1]:.1f}×</b>, efficiency <b>{curve['efficiency'][-1]:.0%}</b>.</p>")
+
+
+class MemoryCalculator(_Displayed):
+    """How much memory each device needs to train a model: weights, gradients, optimizer state, activations.
+
+    Controls: the model (the course's MLP and CNN, ResNet-50, or a 7B or 70B transformer), the
+    data × tensor × pipeline layout, the ZeRO stage, micro-batch, micro-batches per step
+    (gradient accumulation, or a pipeline's micro-batches), precision, optimizer and, for
+    transformers, activation recomputation and sequence parallelism. It draws a stacked bar per
+    pipeline stage (devices within a stage hold the same) against 90 % of the memory of a T4,
+    an A100 and an H100 (:data:`mgpu_edu.memory.USABLE_FRACTION`). Keras models are counted
+    layer by layer (:func:`mgpu_edu.memory.layer_activations`), with model states for their
+    trainable weights in float32, as Keras keeps them under mixed precision too; transformers
+    with Korthikanti et al.'s formulas. Pure arithmetic once a preset is built: it runs without
+    a GPU. The root widget has the CSS class ``mgpu-memory``.
+
+    Example:
+        >>> MemoryCalculator(course_model=models.mlp(64, 10))  # doctest: +SKIP
+    """
+
+    def __init__(self, course_model: Any = None, devices: int = 4, micro_batch: int = 32,
+                 preset: str | None = None) -> None:
+        import ipywidgets as w
+
+        self._keras: dict[str, Any] = {}
+        if course_model is not None:
+            self._keras[f"course model ({course_model.name}, {course_model.count_params():,} weights)"] = course_model
+        self._keras["ResNet-50 (224 × 224 images)"] = None  # built when first chosen
+        options = [*self._keras, *memory.TRANSFORMERS]
+        preset = preset or options[0]
+        one_of("preset", preset, options)
+        style = {"description_width": "140px"}
+        self.preset = w.Dropdown(options=options, value=preset, description="model", style=style,
+                                 layout=w.Layout(width="420px"))
+        self.data = w.IntSlider(value=devices, min=1, max=64, description="data parallel", style=style)
+        self.tensor = w.IntSlider(value=1, min=1, max=8, description="tensor parallel", style=style)
+        self.pipeline = w.IntSlider(value=1, min=1, max=16, description="pipeline stages", style=style)
+        self.zero = w.IntSlider(value=0, min=0, max=3, description="ZeRO stage", style=style)
+        self.micro_batch = w.IntSlider(value=micro_batch, min=1, max=512, description="micro-batch", style=style)
+        self.accumulation = w.IntSlider(value=1, min=1, max=64, description="micro-batches/step",
+                                        style=style)  # gradient accumulation, or a pipeline's micro-batches
+        self.precision = w.ToggleButtons(options=["fp32", "mixed"], value="fp32", description="precision",
+                                         style=style)
+        self.optimizer = w.ToggleButtons(options=["adam", "momentum", "sgd"], value="adam", description="optimizer",
+                                         style=style)
+        self.recompute = w.ToggleButtons(options=list(memory.RECOMPUTE), value="none", description="recompute",
+                                         style=style)
+        self.sequence_parallel = w.Checkbox(value=False, description="sequence parallel", indent=False)
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        controls = [self.preset, self.data, self.tensor, self.pipeline, self.zero, self.micro_batch,
+                    self.accumulation, self.precision, self.optimizer, self.recompute, self.sequence_parallel]
+        self.root = w.VBox([w.HBox([w.VBox(controls[:6]), w.VBox(controls[6:])]), self.info, self.image])
+        self.root.add_class("mgpu-memory")
+        for control in controls:
+            control.observe(self._draw, names="value")
+        self._draw()
+
+    def _model(self) -> Any:
+        name = self.preset.value
+        if self._keras.get(name) is None and name in self._keras:  # ResNet-50: built once, weights not loaded
+            quiet.import_tensorflow()
+            import keras
+
+            self._keras[name] = keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3))
+        return self._keras.get(name, memory.TRANSFORMERS.get(name))
+
+    def stages(self) -> list[Any]:
+        """A DeviceMemory per pipeline stage for the current controls (one when there is no pipeline)."""
+        model = self._model()
+        common = {"data_parallel": self.data.value, "zero_stage": self.zero.value,
+                  "accumulation": self.accumulation.value, "optimizer": self.optimizer.value,
+                  "precision": self.precision.value}
+        if isinstance(model, memory.Transformer):
+            return [memory.transformer_memory(
+                model, self.micro_batch.value, tensor_parallel=self.tensor.value,
+                pipeline_parallel=self.pipeline.value, recompute=self.recompute.value,
+                sequence_parallel=self.sequence_parallel.value, pipeline_stage=s, **common)
+                for s in range(self.pipeline.value)]
+        kept = memory.activations(model, self.micro_batch.value, 4 if self.precision.value == "fp32" else 2)
+        common["precision"] = "fp32"  # Keras's mixed precision keeps float32 weights: 4 + 4 + 8 bytes with Adam
+        return [memory.per_device(memory.trainable_params(model), kept, **common)]
+
+    def _draw(self, change: Any = None) -> None:
+        transformer = self.preset.value in memory.TRANSFORMERS
+        for control in (self.tensor, self.pipeline, self.recompute, self.sequence_parallel):
+            control.disabled = not transformer  # tensor and pipeline splits are for transformer layers here
+        if not transformer:
+            self.tensor.value = self.pipeline.value = 1
+        try:
+            stages = self.stages()
+        except ValueError as error:
+            self.info.value = f"<p style='color:#b00'>⚠ {html.escape(str(error))}</p>"
+            return
+        devices = self.data.value * self.tensor.value * self.pipeline.value
+        per_stage = self.data.value * self.tensor.value
+        labels = ([f"each of {devices}"] if len(stages) == 1 else
+                  [f"stage {s} ({per_stage})" for s in range(len(stages))])
+        marks = {f"{name} × {memory.USABLE_FRACTION:.0%}": memory.USABLE_FRACTION * mib * 2**20
+                 for name, mib in memory.GPU_MEMORY_MIB.items()}
+        fig = viz.new_figure(7, 3)
+        viz.draw_memory_bars(list(zip(labels, stages, strict=True)), marks, fig.add_subplot())
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)
+        worst = max(stages, key=lambda m: m.total)
+        fits = ", ".join(f"{name} {'yes' if memory.fits(worst.total, name) else 'no'}"
+                         for name in memory.GPU_MEMORY_MIB)
+        size = viz.bytes_text
+        self.info.value = (f"<p>{devices} device(s); the fullest holds <b>{size(worst.total)}</b>: weights "
+                           f"{size(worst.params)}, gradients {size(worst.grads)}, optimizer {size(worst.optimizer)}, "
+                           f"activations {size(worst.activations)}. "
+                           f"Fits in {memory.USABLE_FRACTION:.0%} of the card (the rest: CUDA context, logits, "
+                           f"buffers, fragmentation): {fits}.</p>")
+

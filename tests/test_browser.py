@@ -1,12 +1,14 @@
-"""Lesson 04 in a real browser: JupyterLab 4 + headless Chromium (Debian's package) via Playwright.
+"""Lessons in a real browser: JupyterLab 4 + headless Chromium (Debian's package) via Playwright.
 
-Runs the whole notebook, moves the replicas slider (timing the diagram's redraw), clicks Train,
-and waits for a new row in the results table. Chromium comes from apt (``make test`` installs
-it when it can); Playwright's own browser downloads are not used.
+Lesson 04: runs the whole notebook, moves the replicas slider (timing the diagram's redraw),
+clicks Train, and waits for a new row in the results table. Lesson 09: moves the memory
+calculator's ZeRO-stage slider and waits for the bars to redraw. Chromium comes from apt
+(``make test`` installs it when it can); Playwright's own browser downloads are not used.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -34,12 +36,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def lab(tmp_path):
-    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving a copy of lesson 04."""
+def lab(tmp_path, request):
+    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving a copy of one lesson (default 04)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}. Install Debian's package (sudo apt-get install chromium) "
                     "or set MGPU_EDU_CHROMIUM to its path; `make test` installs it when it can.")
-    shutil.copy(ROOT / "lessons" / "04_mirrored_fit.ipynb", tmp_path / "04_mirrored_fit.ipynb")
+    lesson = getattr(request, "param", "04_mirrored_fit.ipynb")
+    shutil.copy(ROOT / "lessons" / lesson, tmp_path / lesson)
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "MGPU_EDU_PLATFORM": "local", "JUPYTER_CONFIG_DIR": str(tmp_path / ".jupyter"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / ".runtime")}
@@ -68,42 +71,65 @@ def lab(tmp_path):
             os.killpg(server.pid, signal.SIGKILL)
 
 
-def test_explorer_in_jupyterlab(lab, tmp_path):
+def _open_and_run_all(page, url: str, token: str, lesson: str) -> None:
+    """Open a lesson in JupyterLab and start Run All once its kernel is connected and idle."""
+    page.goto(f"{url}/lab/tree/{lesson}?token={token}")
+    page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    # Start "Run All" without awaiting its promise (it settles only when every cell has run).
+    page.evaluate("""async () => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        await panel.sessionContext.ready;
+        for (let i = 0; i < 600; i++) {
+            const kernel = panel.sessionContext.session?.kernel;
+            if (kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle') break;
+            await new Promise(resolve => setTimeout(resolve, 100));
+        }
+        window.jupyterapp.commands.execute('notebook:run-all-cells');
+    }""")
+
+
+def _appear(page, widget, name: str, tmp_path: Path) -> None:
+    """Wait for a widget to be in the page; on a timeout, fail with the notebook's error outputs."""
+    try:
+        widget.wait_for(state="attached", timeout=120_000)
+    except Exception:
+        errors = page.evaluate("Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
+                               ".map(e => e.innerText).filter(t => /Error|Traceback/.test(t)).join('\\n---\\n')")
+        page.screenshot(path=str(Path(RESULTS_DIR or tmp_path) / "browser-failure.png"))
+        pytest.fail(f"the {name} never appeared; error outputs in the notebook:\n{errors[-3000:]}")
+
+
+@contextlib.contextmanager
+def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path, ready: str = ""):
+    """Run a whole lesson in JupyterLab in Chromium; yield (page, widget) once it has finished, widget in view.
+
+    ``ready`` is a JavaScript condition to wait for too before the notebook counts as finished."""
     from playwright.sync_api import sync_playwright
 
     url, token = lab
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(f"{url}/lab/tree/04_mirrored_fit.ipynb?token={token}")
-        page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=60_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-        # Wait until the notebook's kernel is connected and idle, then start "Run All" without
-        # awaiting its promise (it settles only when every cell has run).
-        page.evaluate("""async () => {
-            const panel = window.jupyterapp.shell.currentWidget;
-            await panel.sessionContext.ready;
-            for (let i = 0; i < 600; i++) {
-                const kernel = panel.sessionContext.session?.kernel;
-                if (kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle') break;
-                await new Promise(resolve => setTimeout(resolve, 100));
-            }
-            window.jupyterapp.commands.execute('notebook:run-all-cells');
-        }""")
-        explorer = page.locator(".mgpu-explorer")
         try:
-            explorer.wait_for(state="attached", timeout=120_000)
-        except Exception:
-            errors = page.evaluate("Array.from(document.querySelectorAll('.jp-OutputArea-output'))"
-                                   ".map(e => e.innerText).filter(t => /Error|Traceback/.test(t)).join('\\n---\\n')")
-            page.screenshot(path=str(Path(RESULTS_DIR or tmp_path) / "browser-failure.png"))
-            pytest.fail(f"the explorer never appeared; error outputs in the notebook:\n{errors[-3000:]}")
-        # the lesson's own runs fill the table (3 rows); wait for the whole notebook to finish
-        page.wait_for_function("document.querySelectorAll('.mgpu-results tbody tr').length >= 3", timeout=120_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            _open_and_run_all(page, url, token, lesson)
+            widget = page.locator(selector)
+            _appear(page, widget, name, tmp_path)
+            if ready:
+                page.wait_for_function(ready, timeout=120_000)
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+            widget.scroll_into_view_if_needed()  # JupyterLab 4 renders only the cells in view
+            widget.wait_for(state="visible", timeout=30_000)
+            yield page, widget
+        finally:
+            browser.close()
+
+
+def test_explorer_in_jupyterlab(lab, tmp_path):
+    # the lesson's own runs fill the table (3 rows) before the explorer is used
+    with _lesson_widget(lab, "04_mirrored_fit.ipynb", ".mgpu-explorer", "explorer", tmp_path,
+                        ready="document.querySelectorAll('.mgpu-results tbody tr').length >= 3") as (page, explorer):
         rows_before = page.locator(".mgpu-results tbody tr").count()
-        explorer.scroll_into_view_if_needed()  # JupyterLab 4 renders only the cells in view
-        explorer.wait_for(state="visible", timeout=30_000)
 
         # move the replicas slider and time the diagram's redraw, in the browser
         latencies = []
@@ -127,7 +153,6 @@ def test_explorer_in_jupyterlab(lab, tmp_path):
         if RESULTS_DIR:
             explorer.screenshot(path=str(Path(RESULTS_DIR) / "explorer.png"))
         table = page.locator(".mgpu-results").inner_text()
-        browser.close()
 
     assert last_row.split()[0] == replicas.strip()  # the new run used the slider's value
     median = sorted(latencies)[len(latencies) // 2]
@@ -136,3 +161,24 @@ def test_explorer_in_jupyterlab(lab, tmp_path):
             {"redraw_ms": [round(v, 1) for v in latencies], "median_redraw_ms": round(median, 1),
              "results_table": table}, indent=1) + "\n")
     print(f"slider → diagram redraw: median {median:.0f} ms over {len(latencies)} changes (goal ≤ 100 ms)")
+
+
+@pytest.mark.parametrize("lab", ["09_memory_zero.ipynb"], indirect=True)
+def test_memory_calculator_redraws_in_jupyterlab(lab, tmp_path):
+    """Lesson 09's memory calculator: move the ZeRO-stage slider; the bars and the numbers redraw."""
+    with _lesson_widget(lab, "09_memory_zero.ipynb", ".mgpu-memory", "memory calculator", tmp_path) as (
+            page, calculator):
+        image = calculator.locator("img").first
+        before = (image.get_attribute("src"), calculator.inner_text())
+        zero = calculator.locator(".widget-slider").filter(has_text="ZeRO stage")
+        readout = zero.locator(".widget-readout").inner_text().strip()
+        zero.locator(".noUi-handle").focus()
+        page.keyboard.press("ArrowLeft" if readout == "3" else "ArrowRight")
+        page.wait_for_function("([el, src]) => el.getAttribute('src') !== src", arg=[image.element_handle(), before[0]],
+                               timeout=30_000)
+        after = (image.get_attribute("src"), calculator.inner_text())
+        if RESULTS_DIR:
+            calculator.screenshot(path=str(Path(RESULTS_DIR) / "memory-calculator.png"))
+    assert after[0] and after[0] != before[0]  # a new image: the bars were redrawn
+    assert after[1] != before[1]  # and the numbers with them
+

@@ -175,6 +175,8 @@ def _number_types(value):
     (check.model_speedup, 3.2, {"compute_s": 0.1, "comm_s": 0.025, "replicas": 4}),
     (check.global_batch_workers, 256, {"workers": 4, "per_worker": 64}),
     (check.staleness, 4, {"workers": 5}),
+    (check.zero_stage_that_fits, 2, {"params": 7.5e9, "devices": 64, "gpu_gb": 24}),
+    (check.zero3_bytes, 4_500_000, {"n": 4, "params": 1e6}),
 ])
 def test_every_numeric_check_takes_every_number_type(fn, answer, kwargs):
     for kind in _number_types(answer):
@@ -248,4 +250,22 @@ def test_global_batch_workers_hints(answer, status_, hint):
     (None, "unsolved", "whole number of updates"), (9, "wrong", "the other workers' updates")])
 def test_staleness_hints(answer, status_, hint):
     feedback = check.staleness(answer, workers=5)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (2, "correct", "stage 2: 16.6 GB per device, where stage 1 needs 31.4 GB"), (3, "wrong", "pick the lowest"),
+    (1, "wrong", "stage 1 needs 31.4 GB"), (5, "wrong", "not a ZeRO stage"), (None, "unsolved", "ZeRO stage")])
+def test_zero_stage_that_fits_hints(answer, status_, hint):
+    feedback = check.zero_stage_that_fits(answer, params=7.5e9, devices=64, gpu_gb=24)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (5.25e9, "correct", "5,250,000,000 bytes"), (3.5e9, "wrong", "that is stages 0–2"),
+    (42e9, "wrong", "all devices together"), (2.625e9, "wrong", "counts weights, not bytes"),
+    (6e9, "wrong", "leaves out (N−1)/N"), (10.5e9, "wrong", "counts 4 bytes per weight"),
+    (5.25, "wrong", "that is in GB"), (None, "unsolved", "number of bytes")])
+def test_zero3_bytes_hints(answer, status_, hint):
+    feedback = check.zero3_bytes(answer, n=8, params=1e9)
     assert feedback.status == status_ and hint in feedback.message
