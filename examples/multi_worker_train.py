@@ -14,6 +14,15 @@ Runs as is on a real cluster and on one machine:
 Each worker prints one line per step and writes its final weights to ``--out``; every worker
 must end with the same weights. ``--try-fit`` first tries Keras ``fit`` under this strategy and
 reports how it fails with Keras 3 (keras-team/keras#20585) before running the custom loop.
+
+**Surviving failures.** With ``--checkpoint-dir DIR --checkpoint-every K``, the workers save the
+model, the optimizer and the step counter every K steps with a ``tf.train.CheckpointManager``,
+as TensorFlow's multi-worker guide prescribes: every worker calls ``save`` (saving takes part in
+the strategy's collective work), the chief (worker 0) into DIR, the others into temporary
+folders they delete afterwards. Started again with the same DIR, every worker restores the
+chief's latest checkpoint and resumes at its step, reading the same batches it would have read
+(the dataset skips the steps already done). ``--step-seconds`` adds a pause per step, standing
+in for real work, so a test or a lesson can kill a worker mid-run.
 """
 
 from __future__ import annotations
@@ -43,6 +52,13 @@ def make_strategy(cluster: str, gpus_per_node: int | None = None, port_base: int
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
+def write_dir(checkpoint_dir: Path, resolver: tf.distribute.cluster_resolver.ClusterResolver) -> Path:
+    """Where this worker writes checkpoints: the chief (worker 0 when there is no chief task) into
+    ``checkpoint_dir``, every other worker into a temporary folder of its own beside it."""
+    chief = resolver.task_type in (None, "chief") or (resolver.task_type == "worker" and resolver.task_id == 0)
+    return checkpoint_dir if chief else checkpoint_dir / f"temp-{resolver.task_type}-{resolver.task_id}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", choices=["tf_config", "slurm"], default="tf_config")
@@ -52,6 +68,9 @@ def main() -> None:
     parser.add_argument("--try-fit", action="store_true", help="first try Keras fit under this strategy")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="Slurm: GPUs per node (else nvidia-smi)")
     parser.add_argument("--port-base", type=int, default=8888, help="Slurm: first port of the job's workers")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume from checkpoints here")
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: never)")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="pause per step, standing in for work")
     args = parser.parse_args()
 
     strategy = make_strategy(args.cluster, args.gpus_per_node, args.port_base)
@@ -68,17 +87,28 @@ def main() -> None:
     rng = np.random.default_rng(0)  # the same data on every worker; the strategy shards it
     x = rng.normal(size=(2048, 16)).astype("float32")
     y = (x @ rng.normal(size=(16, 1)) > 0).astype("int32").ravel()
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = dataset.with_options(options)
-
     with strategy.scope():
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(2)])
         optimizer = keras.optimizers.SGD(0.1)
+        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # steps done: saved with the weights
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+    manager = None
+    if args.checkpoint_dir is not None:
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        latest = tf.train.latest_checkpoint(str(args.checkpoint_dir))  # the chief's: every worker reads it
+        if latest is not None:
+            checkpoint.restore(latest).assert_existing_objects_matched()
+            say(f"resumed from step {int(step.numpy())} ({Path(latest).name})")
+        manager = tf.train.CheckpointManager(checkpoint, str(write_dir(args.checkpoint_dir, resolver)), max_to_keep=2)
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
+    dataset = dataset.skip(int(step.numpy()))  # a resumed run reads the batches an unbroken run would
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(options)
 
     if args.try_fit:
         try:
@@ -104,8 +134,17 @@ def main() -> None:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=next(iterator)), axis=None)
 
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    for step in range(args.steps):
-        say(f"step {step + 1}: loss {float(train_step(iterator)):.4f}")
+    while int(step.numpy()) < args.steps:
+        loss = float(train_step(iterator))
+        step.assign_add(1)
+        done = int(step.numpy())
+        say(f"step {done}: loss {loss:.4f}")
+        time.sleep(args.step_seconds)
+        if manager is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
+            manager.save(checkpoint_number=done)  # every worker saves; only the chief's copy is kept
+            if write_dir(args.checkpoint_dir, resolver) != args.checkpoint_dir:
+                tf.io.gfile.rmtree(str(write_dir(args.checkpoint_dir, resolver)))
+            say(f"checkpoint saved at step {done}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez(args.out / f"worker{resolver.task_id}.npz", *[np.asarray(w) for w in model.get_weights()])

@@ -16,6 +16,8 @@ from mgpu_edu.devices import default_memory_limit_mb
 from mgpu_edu.memory import ZERO_STAGES, model_states
 from mgpu_edu.parallel import shard_sizes
 from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
+from mgpu_edu.recovery import checkpoint_interval as _young
+from mgpu_edu.recovery import last_checkpoint
 
 _ICONS = {"correct": "✅ Correct", "wrong": "❌ Not yet right", "unsolved": "⏳ Not solved yet"}
 
@@ -497,3 +499,34 @@ def zero3_bytes(answer: Any, n: int, params: float, bytes_per_param: int = 2) ->
                       (expected / 2**30, "that is in GiB: the answer is in bytes (multiply by 2³⁰).")],
                   ": 3 × (N−1)/N × weights × bytes per weight.", rel_tol=1e-6)
 
+
+
+def lost_steps(answer: Any, steps_done: int, every: int) -> Feedback:
+    """Lesson 10, exercise 1: the steps a restarted run must run again after a failure."""
+    early, answer = _read_number(answer, "set `answer` to a whole number of steps.", "a number of steps", whole=True)
+    if early is not None:
+        return early
+    saved = last_checkpoint(steps_done, every)
+    expected = steps_done - saved
+    return _judge(answer, expected, f"{expected}: the run resumes from the checkpoint of step {saved} and runs steps "
+                  f"{saved + 1} to {steps_done} again. On average a failure costs half an interval.",
+                  [(saved, f"{saved} is the step it resumes *from*; count the steps after it that are lost."),
+                   (saved + every - steps_done, "that counts forward to the next checkpoint, which was never "
+                                                "written. Count back to the last one."),
+                   (0, "only what a checkpoint holds survives; the steps after it are lost."),
+                   (steps_done, "the checkpoint keeps the steps before it: only the ones after it are lost.")],
+                  f": find the last multiple of {every} at or before step {steps_done}.")
+
+
+def checkpoint_interval(answer: Any, save_seconds: float, mtbf_seconds: float) -> Feedback:
+    """Lesson 10, exercise 2: Young's checkpoint interval, in seconds (2 % tolerance)."""
+    early, answer = _read_number(answer, "set `answer` to a number of seconds.", "a number of seconds")
+    if early is not None:
+        return early
+    expected = _young(save_seconds, mtbf_seconds)
+    return _judge(answer, expected, f"about {expected:,.0f} s ({expected / 60:.0f} min): checkpoint more often and "
+                  "saving eats the time; less often and each failure throws away more work.",
+                  [(math.sqrt(save_seconds * mtbf_seconds), "that leaves out the 2 under the square root."),
+                   (2 * save_seconds * mtbf_seconds, "that is 2·δ·M itself: take its square root."),
+                   (expected / 60, "that is in minutes: give seconds.")],
+                  ": √(2 × save time × MTBF), both in seconds.", rel_tol=0.02)

@@ -133,6 +133,27 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
     os.setpgrp()
 
 
+def running(pid: int) -> bool:
+    """True while process ``pid`` exists and is not a zombie (Linux reads /proc; elsewhere, signal 0)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if Path("/proc").is_dir():
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _wait_until_gone(pids: Sequence[int], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 class LocalCluster:
     """N worker processes on 127.0.0.1, each running ``script`` with its own TF_CONFIG.
 
@@ -274,19 +295,57 @@ class LocalCluster:
         path = self.log_dir / f"worker{index}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def wait_for(self, text: str, worker: int = 0, timeout: float = 120) -> str:
+        """Wait until worker ``worker``'s log contains ``text``; return the log so far.
+
+        Raises :class:`WorkerFailed` if any worker exits with an error first (stopping the
+        others), and TimeoutError (stopping them too) if the text doesn't appear in time.
+        """
+        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
+                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log(worker):
+                return self.log(worker)
+            self._raise_if_failed()
+            if self._codes()[worker] is not None and text not in self.log(worker):
+                self.failed = True
+                self.stop()
+                raise WorkerFailed(f"worker {worker} finished without printing {text!r}; the others were stopped. "
+                                   f"Logs are in {self.log_dir}.")
+            time.sleep(0.05)
+        self.failed = True
+        self.stop()
+        raise TimeoutError(f"worker {worker} did not print {text!r} within {timeout:.0f} s; the workers were "
+                           f"stopped. Logs are in {self.log_dir}.")
+
+    def kill(self, worker: int) -> None:
+        """Kill worker ``worker`` at once (SIGKILL), as a machine failure would; the others keep running."""
+        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
+                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+        pid = self.pids[worker]
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return  # it had already exited
+        if not self.isolated:
+            self.processes[worker].wait(timeout=10)
+
+    def _raise_if_failed(self) -> None:
+        for index, code in enumerate(self._codes()):
+            if code not in (None, 0):
+                self.failed = True
+                self.stop()
+                tail = "\n".join(self.log(index).splitlines()[-15:])
+                raise WorkerFailed(f"worker {index} exited with code {code}; the others were stopped. "
+                                   f"Its last lines:\n{tail}")
+
     def wait(self, timeout: float = 120) -> list[str]:
         """Wait for every worker to finish; return their logs. Raises on a failure or a timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            codes = self._codes()
-            for index, code in enumerate(codes):
-                if code not in (None, 0):
-                    self.failed = True
-                    self.stop()
-                    tail = "\n".join(self.log(index).splitlines()[-15:])
-                    raise WorkerFailed(f"worker {index} exited with code {code}; the others were stopped. "
-                                       f"Its last lines:\n{tail}")
-            if all(code == 0 for code in codes):
+            self._raise_if_failed()
+            if all(code == 0 for code in self._codes()):
                 return [self.log(i) for i in range(self.workers)]
             time.sleep(0.1)
         self.failed = True
@@ -309,6 +368,7 @@ class LocalCluster:
                     self.launcher.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     pass
+            _wait_until_gone(self._isolated_pids())  # SIGKILL is delivered asynchronously
             return
         for process in self.processes:
             if process.poll() is None:

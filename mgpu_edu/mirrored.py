@@ -339,6 +339,33 @@ def make_train_step(strategy: Any, model: Any, optimizer: Any, per_example_loss:
     return train_step
 
 
+def steps_per_call(train_step: Any, steps: int) -> Any:
+    """Run ``steps`` training steps per Python call, inside one ``tf.function``: a custom loop's
+    ``steps_per_execution``.
+
+    ``train_step`` takes one (distributed) batch and returns its loss, as from
+    :func:`make_train_step`. The returned function takes an iterator, runs ``steps`` batches
+    from it in a ``tf.range`` loop that the graph runs without coming back to Python, and
+    returns their mean loss. The iterator must not run out inside a call (``repeat()`` the
+    dataset). This works under MirroredStrategy with any number of replicas.
+
+    Example:
+        >>> run = steps_per_call(make_train_step(strategy, model, SGD(), loss), 16)  # doctest: +SKIP
+        >>> loss = run(iter(strategy.experimental_distribute_dataset(dataset.repeat())))  # doctest: +SKIP
+    """
+    tf = quiet.import_tensorflow()
+    k = whole_number("steps", steps, example=16, hint="It is training steps per call.")
+
+    @tf.function
+    def run(iterator: Any) -> Any:
+        total = tf.constant(0.0)
+        for _ in tf.range(k):  # a graph loop: no return to Python between steps
+            total += train_step(next(iterator))
+        return total / k
+
+    return run
+
+
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     """One timed training run: what the explorer's results table shows."""

@@ -79,3 +79,20 @@ def throughput(train_step: Callable[[Any, Any], Any], x: Any, y: Any, steps: int
         loss = train_step(x, y)
     float(loss)
     return steps * int(x.shape[0]) / (time.perf_counter() - start)
+
+
+def steps_per_second(run: Callable[[], Any], steps: int, repeats: int = 3) -> float:
+    """Training steps per second of ``run()``, which runs ``steps`` steps and returns when they are done.
+
+    One untimed call first (it traces and compiles), then the fastest of ``repeats`` timed
+    calls: the least disturbed by whatever else shares the machine.
+    """
+    whole_number("steps", steps, example=32)
+    whole_number("repeats", repeats, example=3)
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return steps / best

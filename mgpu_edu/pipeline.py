@@ -3,7 +3,9 @@
 - :class:`StagedModel` places consecutive blocks of a model on different devices (a layer
   split) and runs forward and backward one stage at a time, so each stage's work can be timed.
 - :func:`gpipe_schedule` and :func:`bubble_fraction`: the ideal GPipe schedule and its idle time.
-- :func:`run_pipeline` runs a schedule for real, one thread per stage, and measures it.
+- :func:`one_f_one_b_schedule`: the 1F1B schedule, same bubble, fewer micro-batches in flight
+  (:func:`in_flight_peaks`).
+- :func:`run_pipeline` runs either schedule for real, one thread per stage, and measures it.
 - :func:`column_parallel_dense` and :func:`row_parallel_dense`: one Dense layer split across
   devices (tensor parallelism).
 - :func:`parallelism_costs`: memory per device and bytes moved per step, for each strategy.
@@ -76,6 +78,90 @@ def gpipe_schedule(stages: int, micro_batches: int) -> list[Event]:
     events += [Event(s, i, "B", forward_end + (p - 1 - s) + i, forward_end + (p - 1 - s) + i + 1)
                for s in reversed(range(p)) for i in range(m)]
     return sorted(events, key=lambda e: (e.phase == "B", e.start, e.stage if e.phase == "F" else -e.stage))
+
+
+#: The schedules :func:`run_pipeline` runs: all forwards then all backwards, or one forward one backward.
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def stage_order(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """The order in which one stage runs its forwards ("F") and backwards ("B"), micro-batch by micro-batch.
+
+    - GPipe: every forward, then every backward.
+    - 1F1B: min(P − 1 − s, M) warm-up forwards, then one forward and one backward in turn,
+      then the remaining backwards. Stage s never holds more than P − s micro-batches that
+      it has run forward and not yet backward. The last stage runs each backward right after
+      its forward.
+
+    Example:
+        >>> stage_order("1f1b", 0, 3, 4)
+        [('F', 0), ('F', 1), ('F', 2), ('B', 0), ('F', 3), ('B', 1), ('B', 2), ('B', 3)]
+    """
+    one_of("schedule", schedule, SCHEDULES)
+    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    whole_number("stage", stage, minimum=0, maximum=p - 1, hint=f"Stages are numbered 0 to {p - 1}.")
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm_up = min(p - 1 - stage, m)
+    order = [("F", i) for i in range(warm_up)]
+    for i in range(m - warm_up):
+        order += [("F", warm_up + i), ("B", i)]
+    return order + [("B", i) for i in range(m - warm_up, m)]
+
+
+def one_f_one_b_schedule(stages: int, micro_batches: int) -> list[Event]:
+    """The ideal 1F1B schedule with unit-time slots (PipeDream-Flush, as Megatron-LM runs it).
+
+    Each stage runs its :func:`stage_order`, every event as early as its stage is free and
+    its inputs are ready: a forward needs the previous stage's forward of the same
+    micro-batch, a backward needs this stage's forward and the next stage's backward. The
+    makespan is 2(M + P − 1) slots, as GPipe's, so the bubble is the same; what changes is
+    memory: stage s keeps at most min(P − s, M) micro-batches in flight, GPipe M.
+
+    Example:
+        >>> max(e.end for e in one_f_one_b_schedule(4, 8))  # 2 (M + P − 1) slots, as GPipe
+        22
+        >>> in_flight_peaks(one_f_one_b_schedule(4, 8)), in_flight_peaks(gpipe_schedule(4, 8))
+        ([4, 3, 2, 1], [8, 8, 8, 8])
+    """
+    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    orders = [stage_order("1f1b", s, p, m) for s in range(p)]
+    done: dict[tuple[int, int, str], int] = {}  # (stage, micro-batch, phase) -> the slot it ends
+    free, position, events = [0] * p, [0] * p, []
+    while len(events) < 2 * p * m:
+        for s in range(p):  # each stage runs its next events while their inputs are ready
+            while position[s] < len(orders[s]):
+                phase, i = orders[s][position[s]]
+                needs = [(s - 1, i, "F")] if phase == "F" and s > 0 else []
+                if phase == "B":
+                    needs = [(s, i, "F")] + ([(s + 1, i, "B")] if s < p - 1 else [])
+                if any(n not in done for n in needs):
+                    break
+                start = max([free[s]] + [done[n] for n in needs])
+                done[(s, i, phase)] = free[s] = start + 1
+                events.append(Event(s, i, phase, start, start + 1))
+                position[s] += 1
+    return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def in_flight_peaks(events: Sequence[Event]) -> list[int]:
+    """For each stage, the most micro-batches it has run forward and not yet backward at once.
+
+    Each of them keeps its activations on the stage's device until its backward pass, so
+    this is the schedule's activation memory, in micro-batches.
+
+    Example:
+        >>> in_flight_peaks(gpipe_schedule(2, 3))
+        [3, 3]
+    """
+    peaks = []
+    for s in sorted({e.stage for e in events}):
+        held = peak = 0
+        for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start):
+            held += 1 if e.phase == "F" else -1
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:
@@ -207,30 +293,37 @@ def _take(q: queue.Queue) -> Any:
 
 @dataclasses.dataclass
 class PipelineRun:
-    """What one pipelined step produced: gradients, mean loss, and the measured events (seconds)."""
+    """What one pipelined step produced: gradients, mean loss, the measured events (seconds), and for
+    each stage the most micro-batches it held in flight (run forward, backward not yet run) at once."""
 
     grads: list[Any]
     loss: float
     events: list[Event]
+    peak_in_flight: list[int]
 
 
-def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches: int) -> PipelineRun:
-    """One GPipe step for real: M micro-batches through P stages, one thread per stage.
+def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches: int,
+                 schedule: str = "gpipe") -> PipelineRun:
+    """One pipelined step for real: M micro-batches through P stages, one thread per stage.
 
-    Each stage's thread runs its forwards in micro-batch order as soon as the previous stage
-    hands it an activation, then (after all forwards) its backwards as the next stage hands
-    back gradients. Gradients are summed over micro-batches and divided by the whole batch,
-    so they equal the unpipelined step's. Events are measured with time.perf_counter.
-    micro_batches=1 is the naive layer split: one stage busy at a time.
+    Each stage's thread runs its :func:`stage_order` (``schedule`` "gpipe" or "1f1b"): a
+    forward as soon as the previous stage hands it that micro-batch's activation, a backward
+    as soon as the next stage hands back its gradient. A stage keeps each micro-batch's
+    tape (its activations) from its forward until its backward, then drops it; the most it
+    held at once is ``peak_in_flight``. Gradients are summed over micro-batches and divided
+    by the whole batch, so they equal the unpipelined step's. Events are measured with
+    time.perf_counter. micro_batches=1 is the naive layer split: one stage busy at a time.
     """
     tf = quiet.import_tensorflow()
     m = _count("micro_batches", micro_batches)
+    one_of("schedule", schedule, SCHEDULES)
     p = len(model.blocks)
     xs, ys = split_batch(x, m), split_batch(y, m)
     total = tf.cast(tf.shape(x)[0], tf.float32)
     forward_in = [queue.Queue() for _ in range(p + 1)]
     backward_in = [queue.Queue() for _ in range(p + 1)]
     events: list[Event] = []
+    peaks = [0] * p
     grads: list[list[Any]] = [[] for _ in range(p)]
     losses: list[Any] = []
     lock = threading.Lock()
@@ -239,27 +332,29 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
 
     def stage_worker(s: int) -> None:
         try:
-            in_flight: list[InFlight] = []
-            for i in range(m):
-                inputs = xs[i] if s == 0 else _take(forward_in[s])
-                start = time.perf_counter()
-                stage, tape = model.forward(s, inputs)
-                loss_grad = None
-                if s == p - 1:  # the loss and its gradient for the logits, on the last stage's device
-                    with tf.device(model.devices[s]), tf.GradientTape() as loss_tape:
-                        loss_tape.watch(stage.outputs)
-                        loss = tf.reduce_sum(loss_fn(ys[i], stage.outputs)) / total
-                    loss_grad = loss_tape.gradient(loss, stage.outputs)
-                    losses.append(loss)
-                _ = stage.outputs.numpy()  # wait for the work, so the timing is real
-                end = time.perf_counter()
-                in_flight.append(InFlight(stage, tape, loss_grad))
-                with lock:
-                    events.append(Event(s, i, "F", start - origin, end - origin))
-                if s < p - 1:
-                    forward_in[s + 1].put(stage.outputs)
-            for i in range(m):
-                held = in_flight[i]
+            in_flight: dict[int, InFlight] = {}
+            for phase, i in stage_order(schedule, s, p, m):
+                if phase == "F":
+                    inputs = xs[i] if s == 0 else _take(forward_in[s])
+                    start = time.perf_counter()
+                    stage, tape = model.forward(s, inputs)
+                    loss_grad = None
+                    if s == p - 1:  # the loss and its gradient for the logits, on the last stage's device
+                        with tf.device(model.devices[s]), tf.GradientTape() as loss_tape:
+                            loss_tape.watch(stage.outputs)
+                            loss = tf.reduce_sum(loss_fn(ys[i], stage.outputs)) / total
+                        loss_grad = loss_tape.gradient(loss, stage.outputs)
+                        losses.append(loss)
+                    _ = stage.outputs.numpy()  # wait for the work, so the timing is real
+                    end = time.perf_counter()
+                    in_flight[i] = InFlight(stage, tape, loss_grad)
+                    peaks[s] = max(peaks[s], len(in_flight))
+                    with lock:
+                        events.append(Event(s, i, "F", start - origin, end - origin))
+                    if s < p - 1:
+                        forward_in[s + 1].put(stage.outputs)
+                    continue
+                held = in_flight.pop(i)  # after its backward, nothing of this micro-batch is kept
                 start = time.perf_counter()
                 upstream = held.loss_grad if s == p - 1 else _take(backward_in[s])
                 upstream_start = time.perf_counter() if s < p - 1 else start
@@ -290,7 +385,7 @@ def run_pipeline(model: StagedModel, loss_fn: Any, x: Any, y: Any, micro_batches
     for s in range(p):
         with tf.device(model.devices[s]):
             summed += [tf.add_n(list(parts)) for parts in zip(*grads[s], strict=True)]
-    return PipelineRun(summed, float(tf.add_n(losses)), sorted(events, key=lambda e: e.start))
+    return PipelineRun(summed, float(tf.add_n(losses)), sorted(events, key=lambda e: e.start), peaks)
 
 
 # ----------------------------------------------------------------------------- tensor parallelism

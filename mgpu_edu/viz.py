@@ -263,6 +263,42 @@ def draw_schedule(events: list, ax: Axes, unit: str = "time slot", title: str = 
     return ax
 
 
+def draw_in_flight(peaks: dict[str, list[int]], ax: Axes) -> Axes:
+    """Bars: for each schedule, the most micro-batches each stage holds in flight (run forward, not yet backward)."""
+    width = 0.8 / len(peaks)
+    for k, (name, counts) in enumerate(peaks.items()):
+        ax.barh([s + (k - (len(peaks) - 1) / 2) * width for s in range(len(counts))], counts, height=width,
+                color=device_color(k), label=name)
+    stages = range(len(next(iter(peaks.values()))))
+    ax.set_yticks(list(stages), [f"stage {s}" for s in stages], fontsize=8)
+    ax.invert_yaxis()
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("micro-batches held at once", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_title("activations in flight", fontsize=9)
+    ax.legend(fontsize=7)
+    return ax
+
+
+def draw_restart(runs: dict[str, list[int]], checkpoints: list[int], saved: int, ax: Axes) -> Axes:
+    """The steps each run of a job finished (one row per run), its checkpoints, and where the restart resumed."""
+    last = max(max(steps) for steps in runs.values() if steps)
+    for row, steps in enumerate(runs.values()):
+        ax.barh([row] * len(steps), [0.9] * len(steps), left=[s - 0.95 for s in steps], height=0.5,
+                color=device_color(row), edgecolor="black", linewidth=0.5)
+    for step in checkpoints:
+        ax.axvline(step, color="black", linestyle=":", linewidth=1)
+    ax.axvline(saved, color="tab:red", linewidth=2, label=f"resumed from the checkpoint of step {saved}")
+    ax.set_yticks(range(len(runs)), list(runs), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, last + 0.5)
+    ax.set_xticks(range(0, last + 1))
+    ax.set_xlabel("training step (dotted: a checkpoint saved after it)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, loc="lower right")
+    return ax
+
+
 def _share_boxes(shares: list[int], height: int) -> str:
     """One flex row of coloured boxes, one per replica, sized by its share of a batch."""
     box = "display:flex;align-items:center;justify-content:center;overflow:hidden;white-space:nowrap"

@@ -223,7 +223,8 @@ class ReplicaBatchExplorer(_Displayed):
 
 
 class PipelineExplorer(_Displayed):
-    """Sliders for stages P and micro-batches M; redraws the ideal GPipe schedule and its bubble.
+    """Sliders for stages P and micro-batches M; draws the ideal GPipe and 1F1B schedules, their bubble,
+    and how many micro-batches' activations each stage holds at once under each.
 
     Example:
         >>> PipelineExplorer(stages=4, micro_batches=4)  # doctest: +SKIP
@@ -243,16 +244,29 @@ class PipelineExplorer(_Displayed):
         self.micro_batches.observe(self._draw, names="value")
         self._draw()
 
+    def in_flight(self) -> dict[str, list[int]]:
+        """For each schedule, each stage's most micro-batches in flight (from the drawn schedules)."""
+        p, m = self.stages.value, self.micro_batches.value
+        return {"GPipe": pipeline.in_flight_peaks(pipeline.gpipe_schedule(p, m)),
+                "1F1B": pipeline.in_flight_peaks(pipeline.one_f_one_b_schedule(p, m))}
+
     def _draw(self, change: Any = None) -> None:
         p, m = self.stages.value, self.micro_batches.value
-        events = pipeline.gpipe_schedule(p, m)
-        fig = viz.new_figure(9, 0.35 * p + 1.0)
-        viz.draw_schedule(events, fig.add_subplot(), title=f"GPipe, P={p}, M={m}")
+        schedules = {"GPipe": pipeline.gpipe_schedule(p, m), "1F1B": pipeline.one_f_one_b_schedule(p, m)}
+        fig = viz.new_figure(11, 0.7 * p + 1.6)
+        grid = fig.add_gridspec(2, 2, width_ratios=[3, 1])
+        for row, (name, events) in enumerate(schedules.items()):
+            viz.draw_schedule(events, fig.add_subplot(grid[row, 0]), title=f"{name}, P={p}, M={m}")
+        viz.draw_in_flight({name: pipeline.in_flight_peaks(e) for name, e in schedules.items()},
+                           fig.add_subplot(grid[:, 1]))
         fig.tight_layout()
         self.image.value = viz.figure_png(fig, tight=False)
         bubble = pipeline.bubble_fraction(p, m)
+        held = self.in_flight()
         self.info.value = (f"<p>bubble = (P−1)/(M+P−1) = {p - 1}/{m + p - 1} = <b>{bubble:.1%}</b> of stage-time "
-                           f"idle; a step takes {2 * (m + p - 1)} slots for {2 * m} slots of work per stage.</p>")
+                           f"idle under both schedules; a step takes {2 * (m + p - 1)} slots for {2 * m} slots of "
+                           f"work per stage. Micro-batches whose activations stage 0 holds at once: "
+                           f"GPipe <b>{held['GPipe'][0]}</b>, 1F1B <b>{held['1F1B'][0]}</b>.</p>")
 
 
 class ScalingSimulator(_Displayed):

@@ -177,6 +177,8 @@ def _number_types(value):
     (check.staleness, 4, {"workers": 5}),
     (check.zero_stage_that_fits, 2, {"params": 7.5e9, "devices": 64, "gpu_gb": 24}),
     (check.zero3_bytes, 4_500_000, {"n": 4, "params": 1e6}),
+    (check.lost_steps, 37, {"steps_done": 137, "every": 50}),
+    (check.checkpoint_interval, 1315, {"save_seconds": 30, "mtbf_seconds": 28_800}),
 ])
 def test_every_numeric_check_takes_every_number_type(fn, answer, kwargs):
     for kind in _number_types(answer):
@@ -268,4 +270,23 @@ def test_zero_stage_that_fits_hints(answer, status_, hint):
     (5.25, "wrong", "that is in GB"), (None, "unsolved", "number of bytes")])
 def test_zero3_bytes_hints(answer, status_, hint):
     feedback = check.zero3_bytes(answer, n=8, params=1e9)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (37, "correct", "resumes from the checkpoint of step 100"), (100, "wrong", "the step it resumes *from*"),
+    (13, "wrong", "never written"), (0, "wrong", "only what a checkpoint holds"),
+    (137, "wrong", "only the ones after it"), (36, "wrong", "last multiple of 50"),
+    (None, "unsolved", "whole number of steps")])
+def test_lost_steps_hints(answer, status_, hint):
+    feedback = check.lost_steps(answer, steps_done=137, every=50)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (1314.5, "correct", "about 1,315 s (22 min)"), (1300, "correct", "1,315 s"), (929.5, "wrong", "leaves out the 2"),
+    (1_728_000, "wrong", "square root"), (21.9, "wrong", "in minutes"), (600, "wrong", "both in seconds"),
+    (None, "unsolved", "number of seconds")])
+def test_checkpoint_interval_hints(answer, status_, hint):
+    feedback = check.checkpoint_interval(answer, save_seconds=30, mtbf_seconds=8 * 3600)
     assert feedback.status == status_ and hint in feedback.message

@@ -113,6 +113,29 @@ def test_killing_the_run_midway_leaves_no_worker(tmp_path):
     shutil.rmtree(log_dir)  # the killed run could not tidy up its logs
 
 
+def test_wait_for_a_line_then_kill_one_worker():
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "60"]) as job:
+        assert "worker 1 pid" in job.wait_for("pid", worker=1, timeout=30)
+        job.kill(1)  # as a machine failure would: the other worker keeps running until wait() stops it
+        with pytest.raises(cluster.WorkerFailed, match="worker 1 exited with code -9; the others were stopped"):
+            job.wait(timeout=30)
+        pids = job.pids
+    assert not any(alive(pid) for pid in pids)
+    with pytest.raises(ValueError, match="worker=2"):
+        cluster.LocalCluster(SLEEPER, workers=2).kill(2)
+
+
+def test_wait_for_text_that_never_comes():
+    with cluster.LocalCluster(SLEEPER, workers=1, args=["done"]) as job:
+        with pytest.raises(cluster.WorkerFailed, match="worker 0 finished without printing 'never'"):
+            job.wait_for("never", timeout=30)
+    with cluster.LocalCluster(SLEEPER, workers=1, args=["sleep", "60"]) as job:
+        with pytest.raises(TimeoutError, match="did not print 'never' within 1 s"):
+            job.wait_for("never", timeout=1)
+        pids = job.pids
+    assert not any(alive(pid) for pid in pids)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="workers=0"):
         cluster.LocalCluster(SLEEPER, workers=0)

@@ -86,6 +86,7 @@ def test_widgets_draw():
             ScalingSimulator(utilisation=bad)
     explorer = PipelineExplorer(4, 4)
     explorer.micro_batches.value = 28
-    assert "9.7%" in explorer.info.value
+    assert "9.7%" in explorer.info.value and "GPipe <b>28</b>, 1F1B <b>4</b>" in explorer.info.value
+    assert explorer.in_flight() == {"GPipe": [28] * 4, "1F1B": [4, 3, 2, 1]}
     with pytest.raises(ValueError, match="stages=0"):
         PipelineExplorer(0, 4)

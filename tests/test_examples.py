@@ -1,9 +1,10 @@
 """The worker scripts in examples/, run for real with LocalCluster, as lesson 08 runs them.
 
-They check what lesson 08 says TensorFlow and Keras do: Keras 3 fit fails under
+They check what lessons 08 and 10 say TensorFlow and Keras do: Keras 3 fit fails under
 MultiWorkerMirroredStrategy (keras-team/keras#20585) and under ParameterServerStrategy, the custom
-loop keeps every worker's weights identical, and parameter-server steps finish out of order with
-stale gradients.
+loop keeps every worker's weights identical, parameter-server steps finish out of order with
+stale gradients, and a run whose worker is killed resumes from its last checkpoint to the weights
+of a run never interrupted.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from mgpu_edu import cluster, course
 
@@ -37,3 +39,35 @@ def test_parameter_server_steps_are_stale_and_fit_cannot_drive_them():
     assert sorted(result["finished"]) == result["scheduled"] == list(range(8))
     assert len(result["staleness"]) == 8 and min(result["staleness"]) >= 0
     assert result["updates"] == 2 + 8  # two warm-up steps and eight: every update landed exactly once
+
+
+def _weights(folder):
+    return [np.load(folder / f"worker{i}.npz") for i in range(2)]
+
+
+def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_checkpoint(tmp_path):
+    checkpoints, weights, unbroken = tmp_path / "checkpoints", tmp_path / "weights", tmp_path / "unbroken"
+    args = ["--steps", "8", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--step-seconds", "0.2",
+            "--out", str(weights)]
+    script = EXAMPLES / "multi_worker_train.py"
+    with cluster.LocalCluster(script, workers=2, args=args) as job:
+        job.wait_for("checkpoint saved at step 4", worker=0, timeout=240)
+        job.kill(1)
+        with pytest.raises(cluster.WorkerFailed, match="worker 1 exited with code -9"):
+            job.wait(timeout=120)  # the survivor is stopped, with the dead worker named
+        pids = job.pids
+    assert not any(cluster.running(pid) for pid in pids)
+    saved = max(int(p.stem.split("-")[1]) for p in checkpoints.glob("ckpt-*.index"))
+    assert saved >= 4 and not weights.exists()  # it never finished
+    assert not list(checkpoints.glob("temp-*"))  # the non-chief worker deletes its own copies
+    with cluster.LocalCluster(script, workers=2, args=args) as job:
+        logs = job.wait(timeout=240)
+    for log in logs:
+        assert f"resumed from step {saved} (ckpt-{saved})" in log
+        assert f"step {saved}: loss" not in log and f"step {saved + 1}: loss" in log and "step 8: loss" in log
+    with cluster.LocalCluster(script, workers=2, args=["--steps", "8", "--out", str(unbroken)]) as job:
+        job.wait(timeout=240)
+    resumed, reference = _weights(weights), _weights(unbroken)
+    for k in resumed[0].files:
+        assert np.array_equal(resumed[0][k], resumed[1][k])  # every worker ends with the same weights
+        np.testing.assert_allclose(resumed[0][k], reference[0][k], rtol=1e-6, atol=1e-7)  # as if never broken

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from mgpu_edu import models, pipeline
-from mgpu_edu.pipeline import bubble_fraction, gpipe_schedule, idle_fraction
+from mgpu_edu.pipeline import (
+    bubble_fraction,
+    gpipe_schedule,
+    idle_fraction,
+    in_flight_peaks,
+    one_f_one_b_schedule,
+    stage_order,
+)
 
 
 @pytest.mark.parametrize("p", range(1, 9))
@@ -33,6 +40,41 @@ def test_gpipe_schedule_invariants(p, m):
     assert bubble_fraction(p, m) == pytest.approx((p - 1) / (m + p - 1))
 
 
+@pytest.mark.parametrize("p", range(1, 9))
+@pytest.mark.parametrize("m", range(1, 33))
+def test_one_f_one_b_schedule_invariants(p, m):
+    events = one_f_one_b_schedule(p, m)
+    assert len(events) == 2 * p * m  # each (stage, micro-batch, phase) exactly once
+    assert {(e.stage, e.micro_batch, e.phase) for e in events} == {
+        (s, i, ph) for s in range(p) for i in range(m) for ph in "FB"}
+    assert all(e.end - e.start == 1 for e in events)
+    at = {(e.stage, e.micro_batch, e.phase): e for e in events}
+    for s in range(p):  # one event at a time per stage, in the stage's 1F1B order
+        mine = sorted((e for e in events if e.stage == s), key=lambda e: e.start)
+        assert all(a.end <= b.start for a, b in zip(mine, mine[1:], strict=False))
+        assert [(e.phase, e.micro_batch) for e in mine] == stage_order("1f1b", s, p, m)
+    for i in range(m):  # dependencies: forward after the previous stage's, backward after the next stage's
+        for s in range(1, p):
+            assert at[(s, i, "F")].start >= at[(s - 1, i, "F")].end
+        for s in range(p):
+            assert at[(s, i, "B")].start >= at[(s, i, "F")].end
+            if s < p - 1:
+                assert at[(s, i, "B")].start >= at[(s + 1, i, "B")].end
+    assert max(e.end for e in events) == 2 * (m + p - 1)  # the same makespan, so the same bubble, as GPipe
+    assert idle_fraction(events) == pytest.approx(bubble_fraction(p, m))
+    assert in_flight_peaks(events) == [min(p - s, m) for s in range(p)]  # at most P − s in flight
+    assert in_flight_peaks(gpipe_schedule(p, m)) == [m] * p  # GPipe keeps all M
+
+
+def test_stage_order_and_in_flight_examples():
+    assert stage_order("gpipe", 1, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert stage_order("1f1b", 1, 2, 3) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2)]
+    with pytest.raises(ValueError, match="schedule='zb'"):
+        stage_order("zb", 0, 2, 2)
+    with pytest.raises(ValueError, match="stage=2"):
+        stage_order("1f1b", 2, 2, 2)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 2.0, "4", True, None])
 def test_bad_arguments(bad):
     with pytest.raises(ValueError, match="whole number of at least 1"):
@@ -41,6 +83,8 @@ def test_bad_arguments(bad):
         gpipe_schedule(4, bad)
     with pytest.raises(ValueError, match="whole number of at least 1"):
         bubble_fraction(bad, 4)
+    with pytest.raises(ValueError, match="whole number of at least 1"):
+        one_f_one_b_schedule(4, bad)
 
 
 def test_micro_batches_for_bubble():
@@ -84,6 +128,27 @@ def test_pipelined_gradients_equal_unpipelined(four_devices, micro_batches):
     if micro_batches == 1:  # naive layer split: never two stages at once
         spans = sorted((e.start, e.end) for e in run.events)
         assert all(a[1] <= b[0] + 1e-4 for a, b in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize("micro_batches", [2, 6])
+def test_one_f_one_b_run_equals_gpipe_and_holds_fewer_micro_batches(four_devices, micro_batches):
+    model = pipeline.StagedModel([16, 32, 32, 32, 4], four_devices, classes=4)
+    loss_fn = models.per_example_loss()
+    x, y = _data()
+    loss, reference = _reference(model, loss_fn, x, y)
+    gpipe = pipeline.run_pipeline(model, loss_fn, x, y, micro_batches)
+    ofob = pipeline.run_pipeline(model, loss_fn, x, y, micro_batches, schedule="1f1b")
+    assert ofob.loss == pytest.approx(loss, rel=1e-5)
+    for a, b, r in zip(ofob.grads, gpipe.grads, reference, strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(a.numpy(), r.numpy(), rtol=1e-4, atol=1e-6)
+    assert gpipe.peak_in_flight == [micro_batches] * 4
+    assert ofob.peak_in_flight == [min(4 - s, micro_batches) for s in range(4)]
+    for s in range(4):  # each stage really ran in its 1F1B order
+        mine = sorted((e for e in ofob.events if e.stage == s), key=lambda e: e.start)
+        assert [(e.phase, e.micro_batch) for e in mine] == stage_order("1f1b", s, 4, micro_batches)
+    with pytest.raises(ValueError, match="schedule='pipedream'"):
+        pipeline.run_pipeline(model, loss_fn, x, y, 2, schedule="pipedream")
 
 
 def test_staged_model_errors(four_devices):

@@ -1,0 +1,144 @@
+"""Trading compute for memory on one device: activation recomputation and gradient accumulation.
+
+- :func:`checkpointed_step` computes one step's gradients with every ``segment`` consecutive
+  layers under ``tf.recompute_grad``: the backward pass runs each segment's forward again
+  instead of keeping its activations. :func:`kept_activations` counts what each way keeps.
+- :func:`accumulated_gradients` runs a batch as micro-batches one after another and adds up
+  their gradients: divided by the whole batch's size, that is the whole batch's step; divided
+  by the number of micro-batches (what Keras 3's ``gradient_accumulation_steps`` does), it is
+  a different step whenever the micro-batches differ in size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mgpu_edu import quiet
+from mgpu_edu._validate import BadArgument, one_of, whole_number
+from mgpu_edu.memory import layer_activations
+
+#: How :func:`accumulated_gradients` divides the summed gradients.
+DIVIDE_BY = ("examples", "micro_batches")
+
+
+def _layers(model: Any) -> list[Any]:
+    layers = [layer for layer in getattr(model, "layers", []) if type(layer).__name__ != "InputLayer"]
+    if not layers:
+        raise BadArgument(f"model={model!r} has no layers to run: pass a built keras.Sequential, e.g. "
+                          "models.mlp(64, 10, hidden=(256,) * 8).")
+    return layers
+
+
+def segments(model: Any, segment: int) -> list[list[Any]]:
+    """The model's layers in consecutive groups of ``segment`` (the last group may be shorter).
+
+    Example:
+        >>> [len(g) for g in segments(models.mlp(64, 10, hidden=(32,) * 4), 2)]  # doctest: +SKIP
+        [2, 2, 1]
+    """
+    layers = _layers(model)
+    whole_number("segment", segment, minimum=1, maximum=len(layers),
+                 hint=f"It is how many consecutive layers run under one tf.recompute_grad; this model has "
+                      f"{len(layers)} layers.")
+    return [layers[i:i + segment] for i in range(0, len(layers), segment)]
+
+
+def checkpointed_step(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any,
+                      segment: int | None = None, forward_runs: list[int] | None = None) -> tuple[Any, list[Any]]:
+    """One step's mean loss and gradients; with ``segment``, each group of that many layers is recomputed.
+
+    ``tf.recompute_grad`` keeps only a segment's input during the forward pass and runs the
+    segment forward again, under a tape, when the backward pass reaches it. The gradients are
+    the same; the work is one more forward pass. ``loss_fn`` returns one loss per example.
+    If ``forward_runs`` is a list, each segment's forward appends the segment's index when its
+    Python code runs (in eager mode: once forward, once more when recomputed).
+    """
+    tf = quiet.import_tensorflow()
+    groups = segments(model, segment) if segment else [_layers(model)]
+
+    def run(index: int, group: list[Any]) -> Callable[[Any], Any]:
+        def forward(h: Any) -> Any:
+            if forward_runs is not None:
+                forward_runs.append(index)
+            for layer in group:
+                h = layer(h, training=True)
+            return h
+        return tf.recompute_grad(forward) if segment else forward
+
+    with tf.GradientTape() as tape:
+        h = x
+        for index, group in enumerate(groups):
+            h = run(index, group)(h)
+        loss = tf.reduce_mean(loss_fn(y, h))
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def kept_activations(model: Any, batch: int, segment: int | None = None, bytes_per_value: int = 4) -> int:
+    """Bytes of activations held at the peak of the backward pass, counted from the layers' shapes.
+
+    Without recomputation: the input and every layer's output
+    (:func:`mgpu_edu.memory.layer_activations`). With segments of k layers: each segment's input
+    and the logits are kept all along, plus, while one segment is recomputed, the outputs of
+    its own layers; the largest segment sets the peak. With L equal layers and k ≈ √L that is
+    about 2√L layers' outputs instead of L (Chen et al., 2016). Counted, not measured.
+
+    Example:
+        >>> kept_activations(models.mlp(64, 10, hidden=(256,) * 8), 512, segment=3)  # doctest: +SKIP
+        2248704
+    """
+    rows = [nbytes for _, nbytes in layer_activations(model, batch, bytes_per_value)]
+    if not segment:
+        return sum(rows)
+    sizes = [len(g) for g in segments(model, segment)]
+    starts = [sum(sizes[:j]) for j in range(len(sizes))]  # rows[start] is segment j's input
+    kept = set(starts) | {len(rows) - 1}
+    interior = [sum(rows[i] for i in range(start + 1, start + size + 1) if i not in kept)
+                for start, size in zip(starts, sizes, strict=True)]
+    return sum(rows[i] for i in kept) + max(interior)
+
+
+def accumulated_gradients(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any, micro_batch: int,
+                          divide_by: str = "examples") -> list[Any]:
+    """Gradients of a batch run as micro-batches of ``micro_batch`` examples, one after another.
+
+    Each micro-batch's per-example losses are summed, and its gradients added into one buffer;
+    only one micro-batch's activations exist at a time. ``divide_by``:
+
+    - ``"examples"``: divide by the whole batch's size, so the result is the whole batch's
+      mean-loss gradient, whatever the micro-batches' sizes (a short last one included);
+    - ``"micro_batches"``: average each micro-batch's mean-loss gradient, which is what Keras
+      3's ``gradient_accumulation_steps`` does; it over-weights the examples of a short
+      micro-batch.
+    """
+    tf = quiet.import_tensorflow()
+    one_of("divide_by", divide_by, DIVIDE_BY)
+    total = int(x.shape[0])
+    if total == 0 or int(y.shape[0]) != total:
+        raise BadArgument(f"x has {total} examples and y {int(y.shape[0])}: pass a non-empty batch with one label "
+                          "per example.")
+    sizes = micro_batch_sizes(total, micro_batch)
+    summed = None
+    start = 0
+    for size in sizes:
+        with tf.GradientTape() as tape:
+            losses = loss_fn(y[start:start + size], model(x[start:start + size], training=True))
+            loss = tf.reduce_sum(losses) / (total if divide_by == "examples" else size * len(sizes))
+        grads = tape.gradient(loss, model.trainable_variables)
+        summed = grads if summed is None else [a + g for a, g in zip(summed, grads, strict=True)]
+        start += size
+    return summed
+
+
+def micro_batch_sizes(batch: int, micro_batch: int) -> list[int]:
+    """The micro-batches a batch splits into, in order: full ones, then the rest.
+
+    Example:
+        >>> micro_batch_sizes(80, 32)
+        [32, 32, 16]
+    """
+    total = whole_number("batch", batch, minimum=1)
+    b = whole_number("micro_batch", micro_batch, minimum=1, maximum=total,
+                     hint=f"It is examples per micro-batch, at most the batch's {total}.")
+    return [b] * (total // b) + ([total % b] if total % b else [])
+
