@@ -102,7 +102,8 @@ def main() -> None:
         if latest is not None:
             checkpoint.restore(latest).assert_existing_objects_matched()
             say(f"resumed from step {int(step.numpy())} ({Path(latest).name})")
-        manager = tf.train.CheckpointManager(checkpoint, str(write_dir(args.checkpoint_dir, resolver)), max_to_keep=2)
+        mine = write_dir(args.checkpoint_dir, resolver)
+        manager = tf.train.CheckpointManager(checkpoint, str(mine), max_to_keep=2)
 
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
     dataset = dataset.skip(int(step.numpy()))  # a resumed run reads the batches an unbroken run would
@@ -142,8 +143,8 @@ def main() -> None:
         time.sleep(args.step_seconds)
         if manager is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
             manager.save(checkpoint_number=done)  # every worker saves; only the chief's copy is kept
-            if write_dir(args.checkpoint_dir, resolver) != args.checkpoint_dir:
-                tf.io.gfile.rmtree(str(write_dir(args.checkpoint_dir, resolver)))
+            if mine != args.checkpoint_dir:
+                tf.io.gfile.rmtree(str(mine))
             say(f"checkpoint saved at step {done}")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

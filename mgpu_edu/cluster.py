@@ -135,10 +135,9 @@ def _die_with_parent() -> None:  # runs in the child before exec (Linux only)
 
 def running(pid: int) -> bool:
     """True while process ``pid`` exists and is not a zombie (Linux reads /proc; elsewhere, signal 0)."""
-    stat = Path(f"/proc/{pid}/stat")
     if Path("/proc").is_dir():
         try:
-            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
         except (FileNotFoundError, ProcessLookupError, IndexError):
             return False
     try:

@@ -244,25 +244,27 @@ class PipelineExplorer(_Displayed):
         self.micro_batches.observe(self._draw, names="value")
         self._draw()
 
+    def schedules(self) -> dict[str, list]:
+        """The ideal GPipe and 1F1B schedules for the sliders' P and M."""
+        p, m = self.stages.value, self.micro_batches.value
+        return {"GPipe": pipeline.gpipe_schedule(p, m), "1F1B": pipeline.one_f_one_b_schedule(p, m)}
+
     def in_flight(self) -> dict[str, list[int]]:
         """For each schedule, each stage's most micro-batches in flight (from the drawn schedules)."""
-        p, m = self.stages.value, self.micro_batches.value
-        return {"GPipe": pipeline.in_flight_peaks(pipeline.gpipe_schedule(p, m)),
-                "1F1B": pipeline.in_flight_peaks(pipeline.one_f_one_b_schedule(p, m))}
+        return {name: pipeline.in_flight_peaks(events) for name, events in self.schedules().items()}
 
     def _draw(self, change: Any = None) -> None:
         p, m = self.stages.value, self.micro_batches.value
-        schedules = {"GPipe": pipeline.gpipe_schedule(p, m), "1F1B": pipeline.one_f_one_b_schedule(p, m)}
+        schedules = self.schedules()
+        held = {name: pipeline.in_flight_peaks(events) for name, events in schedules.items()}
         fig = viz.new_figure(11, 0.7 * p + 1.6)
         grid = fig.add_gridspec(2, 2, width_ratios=[3, 1])
         for row, (name, events) in enumerate(schedules.items()):
             viz.draw_schedule(events, fig.add_subplot(grid[row, 0]), title=f"{name}, P={p}, M={m}")
-        viz.draw_in_flight({name: pipeline.in_flight_peaks(e) for name, e in schedules.items()},
-                           fig.add_subplot(grid[:, 1]))
+        viz.draw_in_flight(held, fig.add_subplot(grid[:, 1]))
         fig.tight_layout()
         self.image.value = viz.figure_png(fig, tight=False)
         bubble = pipeline.bubble_fraction(p, m)
-        held = self.in_flight()
         self.info.value = (f"<p>bubble = (P−1)/(M+P−1) = {p - 1}/{m + p - 1} = <b>{bubble:.1%}</b> of stage-time "
                            f"idle under both schedules; a step takes {2 * (m + p - 1)} slots for {2 * m} slots of "
                            f"work per stage. Micro-batches whose activations stage 0 holds at once: "

@@ -148,3 +148,40 @@ def test_all_reducing_gradients_yourself_then_apply_gradients_adds_them_twice(fo
     assert float(variable.numpy()) == -4.0  # one all-reduce: the sum of 4 gradients of 1
     step(True)
     assert float(variable.numpy()) == -4.0 - 16.0  # reduced twice: 4 × 4
+
+
+def test_fit_steps_per_execution_fails_with_replicas_and_steps_per_call_matches_one_step_per_call(four_devices):
+    """Lesson 07 §4: `fit` with steps_per_execution > 1 fails under MirroredStrategy with more than one
+    replica (the error of keras-team/keras#19246) and runs with one; `mirrored.steps_per_call` runs
+    several steps per call and takes exactly the steps one step per call takes."""
+    import keras
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).normal(size=(256, 64)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 10, 256).astype("int32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    for replicas, fails in ((2, True), (1, False)):
+        strategy = tf.distribute.MirroredStrategy(four_devices[:replicas])
+        with strategy.scope():
+            model = models.mlp(64, 10, seed=0)
+            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, steps_per_execution=4)
+        if fails:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="must feed a value for placeholder"):
+                model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+        else:
+            model.fit(x, y, batch_size=32, epochs=1, verbose=0, shuffle=False)
+
+    strategy = tf.distribute.MirroredStrategy(four_devices[:2])
+    weights = []
+    for k in (1, 4):
+        with strategy.scope():
+            model = models.mlp(64, 10, seed=0)
+        step = mirrored.make_train_step(strategy, model, keras.optimizers.SGD(0.1), models.per_example_loss())
+        batches = iter(strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)))
+        call = mirrored.steps_per_call(step, k)
+        for _ in range(8 // k):
+            call(batches)
+        weights.append(model.get_weights())
+    for a, b in zip(*weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
