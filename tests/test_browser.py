@@ -72,21 +72,37 @@ def lab(tmp_path, request):
 
 
 def _open_and_run_all(page, url: str, token: str, lesson: str) -> None:
-    """Open a lesson in JupyterLab and start Run All once its kernel is connected and idle."""
+    """Open a lesson in JupyterLab and start Run All once its kernel is connected and idle.
+
+    A fresh environment can take long to start its first kernel, and a Run All sent before the
+    kernel is connected is dropped (every cell stays "[ ]"). So wait until it is connected and
+    idle, fail clearly if it never is, and check that Run All really started cells."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     page.goto(f"{url}/lab/tree/{lesson}?token={token}")
     page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=60_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-    # Start "Run All" without awaiting its promise (it settles only when every cell has run).
-    page.evaluate("""async () => {
+    ready = page.evaluate("""async () => {
         const panel = window.jupyterapp.shell.currentWidget;
         await panel.sessionContext.ready;
-        for (let i = 0; i < 600; i++) {
+        for (let i = 0; i < 1800; i++) {
             const kernel = panel.sessionContext.session?.kernel;
-            if (kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle') break;
+            if (kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle') return true;
             await new Promise(resolve => setTimeout(resolve, 100));
         }
-        window.jupyterapp.commands.execute('notebook:run-all-cells');
+        return false;
     }""")
+    if not ready:
+        pytest.fail(f"{lesson}: its kernel was not connected and idle within 180 s, so Run All could not start.")
+    started = "Array.from(document.querySelectorAll('.jp-InputPrompt')).some(p => /\\[(\\*|\\d+)\\]/.test(p.innerText))"
+    for _ in range(2):  # Run All's promise settles only when every cell has run: start it, don't await it
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+        try:
+            page.wait_for_function(started, timeout=60_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    pytest.fail(f"{lesson}: Run All was sent twice but no cell started running.")
 
 
 def _appear(page, widget, name: str, tmp_path: Path) -> None:
