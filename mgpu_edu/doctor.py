@@ -131,7 +131,6 @@ def _package_findings(environment: _env.Environment) -> list[Finding]:
     for label, dist, fix in (
         ("matplotlib", "matplotlib", 'every lesson draws with it: pip install "matplotlib>=3.8"'),
         ("numpy", "numpy", "pip install numpy"),
-        ("scikit-learn", "scikit-learn", "the digits dataset ships with it: pip install scikit-learn"),
         ("TensorBoard", "tensorboard", "lesson 07's profiler view needs it: pip install tensorboard"),
     ):
         found = version_of(dist)

@@ -9,7 +9,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from mgpu_edu import course
+from mgpu_edu import course, data
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,7 +28,7 @@ def test_binder_files():
     assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
 
 
-def test_the_wheel_ships_the_lessons_manifest_and_worker_scripts_and_nothing_else(tmp_path):
+def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_nothing_else(tmp_path):
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "tensorflow" not in " ".join(config["project"]["dependencies"])
     # a copy of the project, with what runs and editors leave in lessons/
@@ -51,6 +51,7 @@ def test_the_wheel_ships_the_lessons_manifest_and_worker_scripts_and_nothing_els
     shipped = [n for n in shipped if ".dist-info/" not in n]
     assert shipped == sorted([f"mgpu_edu/lessons/{lesson.file}" for lesson in course.load(ROOT / "lessons").lessons]
                              + ["mgpu_edu/lessons/course.toml", "mgpu_edu/examples/multi_worker_train.py",
-                                "mgpu_edu/examples/parameter_server.py"])
+                                "mgpu_edu/examples/parameter_server.py", "mgpu_edu/datasets/README.md",
+                                f"mgpu_edu/datasets/{data.DIGITS_FILE}"])
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "mgpu-edu = mgpu_edu.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
