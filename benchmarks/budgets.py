@@ -130,7 +130,9 @@ def run_suite(paths: list[Path]) -> tuple[list[dict], float]:
                      "kernel_mb": round(max((s[1] for s in inside), default=0.0)),
                      "tree_mb": round(max((s[2] for s in inside if s[2] is not None), default=0.0)),
                      "passed": span["failed"] == 0 and span["passed"] > 0,
-                     "summary": f"{span['passed']} passed, {span['failed']} failed"})
+                     "summary": f"{span['passed']} passed, {span['failed']} failed",
+                     "slowest": [(cell, round(s, 1)) for cell, s in
+                                 sorted(span["cells"].items(), key=lambda kv: -kv[1])[:3]]})
     return rows, round(seconds, 1)
 
 
@@ -238,7 +240,9 @@ def main() -> int:
         parser.error(str(error))
     rows, suite_seconds = run_suite(paths)
     for row in rows:
-        print(f"{row['lesson']}: {row['seconds']} s, kernel {row['kernel_mb']} MB, {row['summary']}", flush=True)
+        slowest = ", ".join(f"{cell} {seconds:.1f} s" for cell, seconds in row.get("slowest", []))
+        print(f"{row['lesson']}: {row['seconds']} s, kernel {row['kernel_mb']} MB, {row['summary']}; "
+              f"slowest: {slowest}", flush=True)
     seconds, tf_imported = time_import("import mgpu_edu")
     imports = {"import mgpu_edu (s)": seconds}
     cli = Path(sys.executable).parent / "mgpu-edu"

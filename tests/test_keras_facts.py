@@ -195,3 +195,54 @@ def test_fit_steps_per_execution_fails_with_replicas_and_steps_per_call_matches_
     assert "must feed a value for placeholder" in out["fit"]["2"]  # two replicas: fails
     assert out["fit"]["1"] == "ran"  # one replica: runs
     assert out["gap"] < 1e-6  # 4 steps per call take the same 8 steps as 1 per call
+
+
+def test_backup_and_restore_with_save_freq_records_the_batch_but_restarts_the_epoch(four_devices, tmp_path):
+    """Lesson 10 §1: with save_freq=N, BackupAndRestore's metadata records the batch of the last
+    backup, yet a restarted `fit` starts that epoch again from its first batch (only the epoch is
+    restored), so the batches before the backup are trained on twice: the weights differ from an
+    unbroken run's. With the default save_freq="epoch" nothing is trained twice (the lesson's run)."""
+    import json
+
+    import keras
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 3, 64).astype("int32")
+
+    def model():
+        keras.utils.set_random_seed(0)
+        built = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+        built.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return built
+
+    class Batches(keras.callbacks.Callback):  # (epoch, batch) of every batch fit runs
+        def __init__(self, crash_at=None):
+            super().__init__()
+            self.seen, self.epoch, self.crash_at = [], None, crash_at
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.seen.append((self.epoch, batch))
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.epoch, batch) == self.crash_at:
+                raise RuntimeError("simulated failure")
+
+    unbroken = model()
+    unbroken.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)  # 8 batches per epoch
+    backup = tmp_path / "backup"
+    first, second = Batches(crash_at=(1, 5)), Batches()
+    with pytest.raises(RuntimeError, match="simulated failure"):
+        model().fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                    callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=3), first])
+    metadata = json.loads((backup / "training_metadata.json").read_text())
+    assert metadata["epoch"] == 1 and metadata["batch"] > 0  # a backup taken during epoch 1, after batch 0
+    resumed = model()
+    resumed.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=3), second])
+    assert second.seen == [(1, b) for b in range(8)]  # epoch 1 again, from batch 0, not after metadata["batch"]
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(resumed.get_weights(), unbroken.get_weights()))
+    assert gap > 1e-4  # batches 0..metadata["batch"] of epoch 1 were trained on twice
