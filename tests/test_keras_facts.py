@@ -244,5 +244,5 @@ def test_backup_and_restore_with_save_freq_records_the_batch_but_restarts_the_ep
     resumed.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                 callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=3), second])
     assert second.seen == [(1, b) for b in range(8)]  # epoch 1 again, from batch 0, not after metadata["batch"]
-    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(resumed.get_weights(), unbroken.get_weights()))
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(resumed.get_weights(), unbroken.get_weights(), strict=True))
     assert gap > 1e-4  # batches 0..metadata["batch"] of epoch 1 were trained on twice
