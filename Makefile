@@ -8,7 +8,7 @@ FLAVOUR ?= cpu
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab test test-main test-colab test-binder test-py310 budgets budgets-commit lint lessons chromium
+.PHONY: setup lab test test-main test-colab test-binder test-py310 budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ test-binder:
 	.ci/env-binder
 test-py310: chromium
 	CHROMIUM=$(CHROMIUM) .ci/env-py310
+
+# The course website into build/site/html (open its index.html): the lessons as stored, with their
+# outputs, never executed; offline; warnings are errors (docs/site/build.py). tests/test_site.py
+# builds it and checks it in Chromium; .github/workflows/pages.yml publishes it.
+site: setup
+	$(BIN)/python docs/site/build.py
 
 # Time and memory of every lesson, and import time, into build/budgets/ (ignored by git): what
 # `make test` runs. Measurements are not sources: only `make budgets-commit` writes them into the
