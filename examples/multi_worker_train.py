@@ -52,11 +52,16 @@ def make_strategy(cluster: str, gpus_per_node: int | None = None, port_base: int
     return tf.distribute.MultiWorkerMirroredStrategy()
 
 
-def write_dir(checkpoint_dir: Path, resolver: tf.distribute.cluster_resolver.ClusterResolver) -> Path:
-    """Where this worker writes checkpoints: the chief (worker 0 when there is no chief task) into
-    ``checkpoint_dir``, every other worker into a temporary folder of its own beside it."""
-    chief = resolver.task_type in (None, "chief") or (resolver.task_type == "worker" and resolver.task_id == 0)
-    return checkpoint_dir if chief else checkpoint_dir / f"temp-{resolver.task_type}-{resolver.task_id}"
+def write_dir(checkpoint_dir: Path, strategy: tf.distribute.Strategy) -> Path:
+    """Where this worker writes checkpoints: the chief into ``checkpoint_dir``, every other worker
+    into a temporary folder of its own beside it. TensorFlow decides who is chief: the ``chief``
+    task if the cluster has one, else worker 0 (``strategy.extended.should_checkpoint``). On real
+    machines ``checkpoint_dir`` must be storage every worker can read (NFS, a cloud bucket): each
+    restores from the chief's copy."""
+    if strategy.extended.should_checkpoint:
+        return checkpoint_dir
+    resolver = strategy.cluster_resolver
+    return checkpoint_dir / f"temp-{resolver.task_type}-{resolver.task_id}"
 
 
 def main() -> None:
@@ -102,7 +107,7 @@ def main() -> None:
         if latest is not None:
             checkpoint.restore(latest).assert_existing_objects_matched()
             say(f"resumed from step {int(step.numpy())} ({Path(latest).name})")
-        mine = write_dir(args.checkpoint_dir, resolver)
+        mine = write_dir(args.checkpoint_dir, strategy)
         manager = tf.train.CheckpointManager(checkpoint, str(mine), max_to_keep=2)
 
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)

@@ -330,6 +330,28 @@ class LocalCluster:
         if not self.isolated:
             self.processes[worker].wait(timeout=10)
 
+    def wait_for_exit(self, worker: int, timeout: float = 120) -> int:
+        """Wait until worker ``worker`` exits, by itself, and return its exit code (negative: killed by
+        that signal, e.g. −9 for SIGKILL). The others keep running: after a failure this lets you
+        watch how a survivor ends. TimeoutError (stopping every worker) if it doesn't in time."""
+        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
+                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self._codes()[worker]
+            if code is not None:
+                return code
+            time.sleep(0.05)
+        self.failed = True
+        self.stop()
+        raise TimeoutError(f"worker {worker} did not exit within {timeout:.0f} s; the workers were stopped. "
+                           f"Logs are in {self.log_dir}.")
+
+    @property
+    def exit_codes(self) -> list[int | None]:
+        """Each worker's exit code, or None while it runs."""
+        return self._codes()
+
     def _raise_if_failed(self) -> None:
         for index, code in enumerate(self._codes()):
             if code not in (None, 0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import run_fresh
 from mgpu_edu import allreduce, strategies
 
 FUNCTIONS = {
@@ -176,3 +177,33 @@ def test_stepper_widget_builds_and_steps():
     assert stepper.step.value == 0 and stepper.step.max == 6
     with pytest.raises(ValueError, match="n=1"):
         AllReduceStepper(n=1)
+
+
+def test_only_the_collective_all_reduce_honours_bytes_per_pack():
+    """Lesson 07 §4: bytes_per_pack splits the gradients into several all-reduces with
+    MirroredStrategy's default (CollectiveAllReduce); HierarchicalCopyAllReduce (the same class as
+    NcclAllReduce, AllReduceCrossDeviceOps) ignores the option: the traced step is the same."""
+    out = run_fresh("""
+        from mgpu_edu import allreduce, devices, models
+        layout = list(devices.setup_devices(2, verbose=False))
+        import tensorflow as tf
+        result = {}
+        for name in ("collective", "hierarchical"):
+            ops = None if name == "collective" else tf.distribute.HierarchicalCopyAllReduce()
+            strategy = tf.distribute.MirroredStrategy(layout, cross_device_ops=ops)
+            with strategy.scope():
+                model = models.small_cnn((8, 8, 1), 10)
+            inputs = tf.zeros([2, 8, 8, 1])
+            for pack in (0, 1000):
+                def replica_step(pack=pack):
+                    with tf.GradientTape() as tape:
+                        loss = tf.reduce_sum(model(inputs, training=True))
+                    grads = tape.gradient(loss, model.trainable_variables)
+                    options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=pack)
+                    return tf.distribute.get_replica_context().all_reduce("sum", grads, options=options)
+                counted = allreduce.traced_ops(tf.function(lambda: strategy.run(replica_step)))
+                result[f"{name} {pack}"] = {k: counted.get(k, 0) for k in ("CollectiveReduceV2", "AddN")}
+    """)["result"]
+    assert out["collective 0"]["CollectiveReduceV2"] < out["collective 1000"]["CollectiveReduceV2"]  # it packs
+    assert out["hierarchical 0"] == out["hierarchical 1000"]  # the option changes nothing
+    assert out["hierarchical 0"]["CollectiveReduceV2"] == 0 and out["hierarchical 0"]["AddN"] > 0

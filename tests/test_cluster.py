@@ -185,3 +185,15 @@ def test_isolated_workers_are_unreachable_from_outside(tmp_path):
                 socket.create_connection(address.rsplit(":", 1), timeout=1).close()
         logs = job.wait(timeout=30)
     assert all("reached 127.0.0.1:" in log for log in logs)
+
+
+def test_wait_for_exit_returns_one_workers_own_exit_code_and_leaves_the_others_running():
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "60"]) as job:
+        job.wait_for("pid", worker=1, timeout=30)
+        job.kill(1)
+        assert job.wait_for_exit(1, timeout=30) == -9  # killed by SIGKILL
+        assert job.exit_codes == [None, -9]  # worker 0 still runs
+        pids = job.pids
+    assert not any(alive(pid) for pid in pids)
+    with pytest.raises(ValueError, match="worker=3"):
+        cluster.LocalCluster(SLEEPER, workers=2).wait_for_exit(3)

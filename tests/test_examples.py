@@ -4,7 +4,7 @@ They check what lessons 08 and 10 say TensorFlow and Keras do: Keras 3 fit fails
 MultiWorkerMirroredStrategy (keras-team/keras#20585) and under ParameterServerStrategy, the custom
 loop keeps every worker's weights identical, parameter-server steps finish out of order with
 stale gradients, and a run whose worker is killed resumes from its last checkpoint to the weights
-of a run never interrupted.
+of a run never interrupted, and the surviving worker fails by itself with UnavailableError.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 
 from mgpu_edu import cluster, course
 
@@ -53,8 +52,10 @@ def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_check
     with cluster.LocalCluster(script, workers=2, args=args) as job:
         job.wait_for("checkpoint saved at step 4", worker=0, timeout=240)
         job.kill(1)
-        with pytest.raises(cluster.WorkerFailed, match="worker 1 exited with code -9"):
-            job.wait(timeout=120)  # the survivor is stopped, with the dead worker named
+        # The survivor's next all-reduce fails (its peer's connection is refused) and TensorFlow
+        # aborts its collectives: it exits by itself with UnavailableError, nobody has to stop it.
+        assert job.wait_for_exit(0, timeout=120) == 1 and job.exit_codes == [1, -9]
+        assert "UnavailableError" in job.log(0) and "Collective ops is aborted" in job.log(0)
         pids = job.pids
     assert not any(cluster.running(pid) for pid in pids)
     saved = max(int(p.stem.split("-")[1]) for p in checkpoints.glob("ckpt-*.index"))

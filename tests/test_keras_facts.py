@@ -246,3 +246,59 @@ def test_backup_and_restore_with_save_freq_records_the_batch_but_restarts_the_ep
     assert second.seen == [(1, b) for b in range(8)]  # epoch 1 again, from batch 0, not after metadata["batch"]
     gap = max(float(np.max(np.abs(a - b))) for a, b in zip(resumed.get_weights(), unbroken.get_weights(), strict=True))
     assert gap > 1e-4  # batches 0..metadata["batch"] of epoch 1 were trained on twice
+
+
+def test_backup_and_restore_with_save_freq_records_epoch_0_after_a_restart(four_devices, tmp_path):
+    """Lesson 10 §1: in Keras 3.15, batch backups written by a resumed `fit` record epoch 0 (the
+    callback's epoch counter starts at 0 and restoring doesn't set it), so a second crash restarts
+    training from epoch 0 with trained weights. The lesson says not to rely on save_freq=N."""
+    import json
+
+    import keras
+
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    y = np.random.default_rng(1).integers(0, 3, 64).astype("int32")
+
+    class Epochs(keras.callbacks.Callback):
+        def __init__(self, crash_at=None):
+            super().__init__()
+            self.seen, self.crash_at = [], crash_at
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen.append(epoch)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if (self.seen[-1], batch) == self.crash_at:
+                raise RuntimeError("simulated failure")
+
+    backup, begun = tmp_path / "backup", []
+    for crash_at in [(2, 5), (2, 6), None]:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        epochs = Epochs(crash_at)
+        try:
+            model.fit(x, y, batch_size=8, epochs=4, shuffle=False, verbose=0,
+                      callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=3), epochs])
+        except RuntimeError:
+            pass
+        begun.append(epochs.seen)
+        if crash_at == (2, 6):
+            assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 0
+    assert begun == [[0, 1, 2], [2], [0, 1, 2, 3]]  # the third run starts again from epoch 0
+
+
+def test_a_fresh_shuffling_pipeline_reads_epoch_0s_order_first():
+    """Lesson 10 §1: BackupAndRestore restores the epoch number, not where a shuffling pipeline's
+    random generator was. A seeded tf.data shuffle gives a new order each pass; a restarted process
+    builds the pipeline again, and its first pass (the resumed epoch) repeats epoch 0's order."""
+    code = """
+        import tensorflow as tf
+        pipeline = tf.data.Dataset.range(16).shuffle(16, seed=1)
+        result = [[int(v) for v in pipeline] for _ in range(PASSES)]
+    """
+    epoch0, epoch1 = run_fresh(code.replace("PASSES", "2"))["result"]  # the unbroken process: two epochs
+    [resumed] = run_fresh(code.replace("PASSES", "1"))["result"]  # a restarted process, resuming at epoch 1
+    assert epoch0 != epoch1  # reshuffled each pass
+    assert resumed == epoch0  # the resumed epoch 1 reads epoch 0's order, not epoch 1's

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import run_fresh
 from mgpu_edu import memory, models, recovery, tradeoffs
 
 
@@ -102,3 +103,54 @@ def test_recovery_arithmetic():
         recovery.last_checkpoint(10, 0)
     with pytest.raises(ValueError, match="save_seconds=0"):
         recovery.checkpoint_interval(0, 100)
+
+
+def test_recomputation_halves_what_the_forward_pass_keeps_but_not_the_steps_peak():
+    """Lesson 09: measured by TensorFlow's own CPU allocator (TF_CPU_ALLOCATOR_USE_BFC makes
+    get_memory_info work on a CPU). With segments of 3 layers, what the forward pass keeps for the
+    backward pass (held while the tape is alive) falls to a fraction, and the plain run keeps what
+    kept_activations counts; the peak of the whole step falls far less, because the backward pass
+    holds a recomputed segment, the gradients flowing back and the weight gradients at once."""
+    out = run_fresh("""
+        import gc, os
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+        from mgpu_edu import data, devices, models, tradeoffs
+        devices.setup_devices(4, verbose=False)
+        import tensorflow as tf
+        digits = data.digits()
+        deep = models.mlp(64, 10, hidden=(256,) * 8, seed=0)
+        loss_fn = models.per_example_loss()
+        x, y = tf.constant(digits.x_train[:512]), tf.constant(digits.y_train[:512])
+        current = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
+
+        def measure(segment):
+            groups = tradeoffs.segments(deep, segment) if segment else [tradeoffs._layers(deep)]
+            def run(group):
+                def forward(h):
+                    for layer in group:
+                        h = layer(h, training=True)
+                    return h
+                return tf.recompute_grad(forward) if segment else forward
+            gc.collect()
+            base = current()
+            tf.config.experimental.reset_memory_stats("CPU:0")
+            with tf.GradientTape() as tape:
+                h = x
+                for group in groups:
+                    h = run(group)(h)
+                loss = tf.reduce_mean(loss_fn(y, h))
+            held = current() - base
+            grads = tape.gradient(loss, deep.trainable_variables)
+            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
+            del grads, tape, h, loss
+            gc.collect()
+            return held, peak
+
+        for _ in range(2):  # the second round, once every kernel has run
+            result = {str(s): measure(s) for s in (None, 3)}
+        result["counted"] = tradeoffs.kept_activations(deep, 512)
+    """)["result"]
+    (plain_held, plain_peak), (recomputed_held, recomputed_peak) = out["None"], out["3"]
+    assert abs(plain_held - out["counted"]) < 0.1 * out["counted"]  # the count is what TensorFlow keeps
+    assert recomputed_held < 0.35 * plain_held  # the forward pass keeps a fraction
+    assert recomputed_peak > 0.7 * plain_peak  # the step's peak falls far less
