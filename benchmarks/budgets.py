@@ -126,7 +126,7 @@ def run_suite(paths: list[Path]) -> tuple[list[dict], float]:
                          "summary": "not run"})
             continue
         inside = [s for s in samples if span["start"] <= s[0] <= span["end"]]
-        rows.append({"lesson": path.name, "seconds": round(span["seconds"], 1),
+        rows.append({"lesson": path.name, "seconds": round(sum(span["cells"].values()), 1),
                      "kernel_mb": round(max((s[1] for s in inside), default=0.0)),
                      "tree_mb": round(max((s[2] for s in inside if s[2] is not None), default=0.0)),
                      "passed": span["failed"] == 0 and span["passed"] > 0,

@@ -2,10 +2,10 @@
 
 budgets.py runs the whole lesson suite in one pytest process, as CI does, with ``-p lesson_timing``.
 nbval makes each notebook a file of test items (one per cell); its kernel starts in the first
-item's setup and stops in the last item's teardown. For each file this records the summed duration
-of every phase of every item (setup, call, teardown: the lesson's time, kernel start and stop
-included) and of each cell, its first start and last end on the wall clock (so the memory samples taken in between
-can be told apart), and whether anything failed, into the JSON file named by
+item's setup and stops in the last item's teardown. For each file this records each cell's summed
+duration over its phases (setup, call, teardown; their sum is the lesson's time, kernel start and
+stop included), the file's first start and last end on the wall clock (so the memory samples taken
+in between can be told apart), and how many cells passed and failed, into the JSON file named by
 ``MGPU_EDU_TIMING_FILE``.
 """
 
@@ -19,8 +19,8 @@ _files: dict[str, dict] = {}
 
 
 def _entry(nodeid: str) -> dict:
-    return _files.setdefault(nodeid.split("::")[0], {"seconds": 0.0, "start": time.time(), "end": 0.0,
-                                                     "passed": 0, "failed": 0, "cells": {}})
+    return _files.setdefault(nodeid.split("::")[0], {"start": time.time(), "end": 0.0, "passed": 0, "failed": 0,
+                                                     "cells": {}})
 
 
 def pytest_runtest_logstart(nodeid: str, location: object) -> None:
@@ -29,7 +29,6 @@ def pytest_runtest_logstart(nodeid: str, location: object) -> None:
 
 def pytest_runtest_logreport(report) -> None:  # noqa: ANN001 - pytest's TestReport
     entry = _entry(report.nodeid)
-    entry["seconds"] += report.duration
     cell = report.nodeid.split("::")[-1]
     entry["cells"][cell] = entry["cells"].get(cell, 0.0) + report.duration
     entry["end"] = time.time()

@@ -294,14 +294,17 @@ class LocalCluster:
         path = self.log_dir / f"worker{index}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def _check_worker(self, worker: int) -> None:
+        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
+                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+
     def wait_for(self, text: str, worker: int = 0, timeout: float = 120) -> str:
         """Wait until worker ``worker``'s log contains ``text``; return the log so far.
 
         Raises :class:`WorkerFailed` if any worker exits with an error first (stopping the
         others), and TimeoutError (stopping them too) if the text doesn't appear in time.
         """
-        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
-                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+        self._check_worker(worker)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if text in self.log(worker):
@@ -320,8 +323,7 @@ class LocalCluster:
 
     def kill(self, worker: int) -> None:
         """Kill worker ``worker`` at once (SIGKILL), as a machine failure would; the others keep running."""
-        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
-                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+        self._check_worker(worker)
         pid = self.pids[worker]
         try:
             os.kill(pid, signal.SIGKILL)
@@ -334,8 +336,7 @@ class LocalCluster:
         """Wait until worker ``worker`` exits, by itself, and return its exit code (negative: killed by
         that signal, e.g. −9 for SIGKILL). The others keep running: after a failure this lets you
         watch how a survivor ends. TimeoutError (stopping every worker) if it doesn't in time."""
-        whole_number("worker", worker, minimum=0, maximum=self.workers - 1,
-                     hint=f"Workers are numbered 0 to {self.workers - 1}.")
+        self._check_worker(worker)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             code = self._codes()[worker]

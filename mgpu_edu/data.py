@@ -6,6 +6,7 @@ download on Colab are an option in that lesson, never the default.
 
 from __future__ import annotations
 
+import functools
 import gzip
 from pathlib import Path
 from typing import NamedTuple
@@ -30,8 +31,17 @@ class Split(NamedTuple):
 # Shipped here so the lessons need no scikit-learn: importing it (TensorFlow's Keras imports it
 # whenever it is installed) costs every TensorFlow process about 1.8 s and 57 MB. Its provenance
 # and licence: mgpu_edu/datasets/README.md.
-DIGITS_FILE = "digits.csv.gz"
+DIGITS_PATH = Path(__file__).with_name("datasets") / "digits.csv.gz"
 DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
+
+
+@functools.cache
+def _digits_table() -> np.ndarray:
+    """The shipped file as integers, parsed once per process (callers derive new arrays from it)."""
+    with gzip.open(DIGITS_PATH) as stream:
+        table = np.loadtxt(stream, delimiter=",", dtype=np.int64)
+    table.flags.writeable = False
+    return table
 
 
 def digits(images: bool = False, test_fraction: float = 0.2, seed: int = 0) -> Split:
@@ -48,8 +58,7 @@ def digits(images: bool = False, test_fraction: float = 0.2, seed: int = 0) -> S
     """
     if not isinstance(test_fraction, (int, float)) or not 0 < test_fraction < 1:
         raise BadArgument(f"test_fraction={test_fraction!r} must be between 0 and 1, e.g. 0.2.")
-    with gzip.open(Path(__file__).with_name("datasets") / DIGITS_FILE) as stream:
-        table = np.loadtxt(stream, delimiter=",", dtype=np.int64)
+    table = _digits_table()
     x = (table[:, :-1] / 16.0).astype("float32")
     y = table[:, -1].astype("int32")
     order = np.random.default_rng(seed).permutation(len(x))

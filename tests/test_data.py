@@ -1,7 +1,6 @@
 """The offline datasets: the shipped digits file is scikit-learn's, unchanged, and splits as documented."""
 
 import hashlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from mgpu_edu import data
 from mgpu_edu._validate import BadArgument
 
-DIGITS = Path(data.__file__).with_name("datasets") / data.DIGITS_FILE
+DIGITS = data.DIGITS_PATH
 
 
 def test_the_shipped_digits_file_is_byte_for_byte_the_one_scikit_learn_ships():

@@ -26,7 +26,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu_edu import course
+from mgpu_edu import assignments, course
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "docs" / "site"
@@ -35,6 +35,7 @@ CHROMIUM = os.environ.get("MGPU_EDU_CHROMIUM", "/usr/bin/chromium")
 VIEW = "application/vnd.jupyter.widget-view+json"
 
 
+@functools.cache
 def _builder():
     spec = importlib.util.spec_from_file_location("site_build", SITE / "build.py")
     module = importlib.util.module_from_spec(spec)
@@ -83,9 +84,10 @@ def test_the_site_has_a_page_per_lesson_guide_and_source_and_the_manifest_is_its
     landing = (site / "index.html").read_text(encoding="utf-8")
     order = [landing.index(f'href="lessons/{lesson.file[:-6]}.html"') for lesson in COURSE.lessons]
     assert order == sorted(order)  # the sidebar lists the lessons in the manifest's order
+    lists = _builder().sources_lists(COURSE)
     for source in sources:  # each credits page lists, and links to, the lessons that cite it
         text = (site / "credits" / f"{source['slug']}.html").read_text(encoding="utf-8")
-        cited = _builder().lessons_citing(COURSE, source["cite"])
+        cited = _builder().lessons_citing(lists, source["cite"])
         assert cited and all(f'href="../lessons/{lesson.file[:-6]}.html"' in text for lesson in cited)
 
 
@@ -123,7 +125,7 @@ def test_solutions_are_folded_and_still_widgets_are_labelled(site):
     for lesson in COURSE.lessons:
         text = (site / "lessons" / f"{lesson.file[:-6]}.html").read_text(encoding="utf-8")
         nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
-        solutions = sum("### BEGIN SOLUTION" in c.source for c in nb.cells if c.cell_type == "code")
+        solutions = sum(assignments.BEGIN in c.source for c in nb.cells if c.cell_type == "code")
         assert text.count("tag_hide-cell") == solutions >= 2
         views = sum(VIEW in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert text.count("A still copy: this widget shows the state") == views

@@ -36,9 +36,9 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from mgpu_edu import course  # noqa: E402 - this checkout's package
+from mgpu_edu import assignments, course  # noqa: E402 - this checkout's package
 
-# Pages besides the lessons: (repository path, section of the table of contents)
+# Pages besides the lessons (repository paths), listed in this order under their own caption
 GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "benchmarks/results.md",
           "benchmarks/results-binder.md"]
 BADGES = {"https://colab.research.google.com/assets/colab-badge.svg": "badges/colab.svg",
@@ -72,20 +72,24 @@ def rewrite(text: str, page: str, staged: set[str], repo: str, ref: str) -> str:
     return LINK.sub(fix, text)
 
 
-def lessons_citing(known: course.Course, cite: str) -> list[course.Lesson]:
-    """The lessons whose "Sources" list has an item that begins with ``cite``."""
-    found = []
+def sources_lists(known: course.Course) -> dict[course.Lesson, list[str]]:
+    """Each lesson's "Sources" list: the items of the markdown cell that holds its "## Sources" heading."""
+    lists = {}
     for lesson in known.lessons:
         nb = nbformat.read(known.folder / lesson.file, as_version=4)
-        sources = next((c.source for c in nb.cells if c.cell_type == "markdown" and "## Sources" in c.source), "")
-        items = [line[2:].strip() for line in sources.split("## Sources", 1)[-1].splitlines() if line.startswith("- ")]
-        if any(item.lower().startswith(cite.lower()) for item in items):
-            found.append(lesson)
-    return found
+        cell = next((c.source for c in nb.cells if c.cell_type == "markdown" and "## Sources" in c.source), "")
+        lists[lesson] = [line[2:].strip() for line in cell.split("## Sources", 1)[-1].splitlines()
+                         if line.startswith("- ")]
+    return lists
 
 
-def credits_page(source: dict, known: course.Course) -> str:
-    lessons = lessons_citing(known, source["cite"])
+def lessons_citing(lists: dict[course.Lesson, list[str]], cite: str) -> list[course.Lesson]:
+    """The lessons whose "Sources" list (from sources_lists) has an item that begins with ``cite``."""
+    return [lesson for lesson, items in lists.items() if any(item.lower().startswith(cite.lower()) for item in items)]
+
+
+def credits_page(source: dict, lists: dict[course.Lesson, list[str]]) -> str:
+    lessons = lessons_citing(lists, source["cite"])
     if not lessons:
         raise ValueError(f"no lesson's Sources list cites {source['cite']!r} "
                          f"(docs/site/sources.toml, {source['slug']}): fix the cite or the lessons.")
@@ -117,7 +121,7 @@ def stage(target: Path) -> course.Course:
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 cell.source = rewrite(cell.source, page, staged, known.repo, known.ref)
-            elif "### BEGIN SOLUTION" in cell.source:  # folded: the answer and its feedback open with a click
+            elif assignments.BEGIN in cell.source:  # folded: the answer and its feedback open with a click
                 cell.metadata.setdefault("tags", []).append("hide-cell")
             views = [o["data"][WIDGET_VIEW]["model_id"] for o in cell.get("outputs", [])
                      if WIDGET_VIEW in o.get("data", {})]
@@ -135,8 +139,9 @@ def stage(target: Path) -> course.Course:
         text = (ROOT / page).read_text(encoding="utf-8")
         (target / page).write_text(rewrite(text, page, staged, known.repo, known.ref), encoding="utf-8")
     (target / "credits").mkdir()
+    lists = sources_lists(known)
     for source in sources:
-        (target / "credits" / f"{source['slug']}.md").write_text(credits_page(source, known), encoding="utf-8")
+        (target / "credits" / f"{source['slug']}.md").write_text(credits_page(source, lists), encoding="utf-8")
     landing = rewrite((ROOT / "README.md").read_text(encoding="utf-8"), "README.md", staged, known.repo, known.ref)
     landing += toctree("Lessons", [page.removesuffix(".ipynb") for page in lesson_pages])
     landing += toctree("For instructors and contributors", [page.removesuffix(".md") for page in GUIDES])
