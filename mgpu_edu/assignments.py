@@ -1,11 +1,21 @@
 """Student versions of the lessons, and grading of what students hand back.
 
-Solutions in the lessons sit between nbgrader's markers, ``### BEGIN SOLUTION`` and
-``### END SOLUTION``. :class:`ClearSolutions` is an nbconvert preprocessor that replaces each
-such region with a stub that still runs: the names the solution defined are set to ``...``,
-which every check in :mod:`mgpu_edu.check` reports as "not solved yet", so a student version
-runs top to bottom. (nbgrader's own stub raises NotImplementedError, which would stop the
-notebook at the first exercise.)
+The lessons are nbgrader notebooks. Each exercise is a *solution cell* (nbgrader metadata
+``solution: true``) whose answer sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION``,
+then a locked *grade cell* (``grade: true``, with points) that calls a check from
+:mod:`mgpu_edu.check`, followed by an assert between ``### BEGIN HIDDEN TESTS`` and
+``### END HIDDEN TESTS``.
+
+A student version (``mgpu-edu student``, or nbgrader's ``generate_assignment`` configured by
+``mgpu-edu nbgrader``: both use :mod:`mgpu_edu.preprocessors`) replaces each solution with a stub
+that still runs: the names the solution defined are set to ``...``, which every check reports
+as "not solved yet", so a student version runs top to bottom. (nbgrader's own stub raises
+NotImplementedError, which would stop the notebook at the first exercise.) The hidden asserts are
+dropped, so students see friendly feedback; nbgrader's ``autograde`` puts them back, so a grade
+cell fails, and scores zero, unless its check said "correct".
+
+Markers are matched the way nbgrader matches them: any line that contains "BEGIN SOLUTION"
+starts a region, so keep those words out of prose in the lessons.
 
 Nothing here imports TensorFlow; grading runs notebooks in their own kernels.
 """
@@ -23,6 +33,11 @@ from mgpu_edu.course import MANIFEST
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
+HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
+HIDDEN_END = "### END HIDDEN TESTS"
+#: What nbgrader looks for in a line (ClearSolutions' and ClearHiddenTests' default delimiters).
+_DELIMITERS = {"solution": ("BEGIN SOLUTION", "END SOLUTION"),
+               "hidden tests": ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")}
 #: The line that tells nbval to compare a cell's output; student versions drop it.
 CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
 STUB_COMMENT = "# YOUR CODE HERE"
@@ -103,11 +118,50 @@ def solution_stub(solution: str) -> str:
     return "\n".join(lines)
 
 
+def _regions(source: str, kind: str, where: str) -> list[tuple[str, list[str] | None]]:
+    """Split a cell's source into lines outside regions, (line, None), and regions, (indent, lines).
+
+    A region starts at a line containing nbgrader's "BEGIN SOLUTION" (or "BEGIN HIDDEN TESTS") and
+    ends at one containing "END …"; both marker lines go. Raises SolutionMarkerError, naming
+    ``where`` and the line, when the markers don't pair up.
+    """
+    begin, end = _DELIMITERS[kind]
+    parts: list[tuple[str, list[str] | None]] = []
+    region: list[str] | None = None
+    for number, line in enumerate(source.split("\n"), start=1):
+        if begin in line:
+            if region is not None:
+                raise SolutionMarkerError(f"{where}, line {number}: {begin!r} again before {end!r}. "
+                                          f"Close each {kind} region before opening the next.")
+            region = []
+            parts.append((line[: len(line) - len(line.lstrip())], region))
+        elif end in line:
+            if region is None:
+                raise SolutionMarkerError(f"{where}, line {number}: {end!r} without a {begin!r} before it.")
+            region = None
+        elif region is not None:
+            region.append(line)
+        else:
+            parts.append((line, None))
+    if region is not None:
+        raise SolutionMarkerError(f"{where}: {begin!r} is never closed. Add '### {end}' after the {kind}.")
+    return parts
+
+
+def has_region(source: str, kind: str = "solution") -> bool:
+    """Does source contain nbgrader's begin or end marker for kind ("solution" or "hidden tests")?
+
+    (A lone end marker counts, so that it is reported, where nbgrader would silently drop its line.)
+    """
+    return any(marker in source for marker in _DELIMITERS[kind])
+
+
 def strip_solutions(source: str, where: str = "cell", markdown: bool = False) -> str:
     """Replace every ``### BEGIN SOLUTION`` … ``### END SOLUTION`` region of a cell's source.
 
-    Code regions become :func:`solution_stub`; markdown regions become "YOUR ANSWER HERE".
-    Raises SolutionMarkerError, naming ``where``, if the markers don't pair up.
+    Code regions become :func:`solution_stub`, indented like the BEGIN line; markdown regions
+    become "YOUR ANSWER HERE". Raises SolutionMarkerError, naming ``where``, if the markers
+    don't pair up or a code solution isn't valid Python.
 
     Example:
         >>> print(strip_solutions("x = 1\\n### BEGIN SOLUTION\\nanswer = 42\\n### END SOLUTION\\nprint(answer)"))
@@ -117,66 +171,46 @@ def strip_solutions(source: str, where: str = "cell", markdown: bool = False) ->
         print(answer)
     """
     out: list[str] = []
-    region: list[str] | None = None
-    indent = ""
-    for number, line in enumerate(source.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped == BEGIN:
-            if region is not None:
-                raise SolutionMarkerError(f"{where}, line {number}: {BEGIN!r} again before {END!r}. "
-                                          "Close each solution before opening the next.")
-            region, indent = [], line[: len(line) - len(line.lstrip())]
-        elif stripped == END:
-            if region is None:
-                raise SolutionMarkerError(f"{where}, line {number}: {END!r} without a {BEGIN!r} before it.")
-            if markdown:
-                stub = MARKDOWN_STUB
-            else:
-                try:
-                    stub = solution_stub("\n".join(region))
-                except SyntaxError as error:
-                    raise SolutionMarkerError(f"{where}: the solution ending on line {number} is not valid "
-                                              f"Python ({error.msg}). Fix it in the instructor version.") from None
-            out += [indent + stub_line if stub_line else "" for stub_line in stub.splitlines()]
-            region = None
-        elif region is not None:
-            region.append(line)
+    for text, region in _regions(source, "solution", where):
+        if region is None:
+            out.append(text)
+            continue
+        if markdown:
+            stub = MARKDOWN_STUB
         else:
-            out.append(line)
-    if region is not None:
-        raise SolutionMarkerError(f"{where}: {BEGIN!r} is never closed. Add {END!r} after the solution.")
+            try:
+                stub = solution_stub("\n".join(region))
+            except SyntaxError as error:
+                raise SolutionMarkerError(f"{where}: a solution is not valid Python ({error.msg}). "
+                                          "Fix it in the instructor version.") from None
+        out += [text + stub_line if stub_line else "" for stub_line in stub.splitlines()]
     return "\n".join(out)
 
 
-def _preprocessors() -> list[Any]:
-    """nbconvert preprocessors that turn an instructor notebook into a student one, in order."""
-    from nbconvert.preprocessors import ClearOutputPreprocessor, Preprocessor
+def strip_hidden_tests(source: str, where: str = "cell") -> str:
+    """Drop every ``### BEGIN HIDDEN TESTS`` … ``### END HIDDEN TESTS`` region, as nbgrader does.
 
-    class ClearSolutions(Preprocessor):
-        """Replace solution regions by stubs and drop nbval's check markers."""
-
-        def preprocess_cell(self, cell, resources, index):
-            where = f"{resources.get('name', 'notebook')}, cell {index}"
-            if BEGIN in cell.source or END in cell.source:
-                cell.source = strip_solutions(cell.source, where, markdown=cell.cell_type == "markdown")
-            if cell.cell_type == "code":
-                lines = cell.source.splitlines()
-                cell.source = "\n".join(line for line in lines if line.strip() != CHECK_MARKER)
-            return cell, resources
-
-    return [ClearSolutions(enabled=True), ClearOutputPreprocessor(enabled=True)]
+    Example:
+        >>> print(strip_hidden_tests("f = check.x(a)\\n### BEGIN HIDDEN TESTS\\nassert f\\n### END HIDDEN TESTS"))
+        f = check.x(a)
+    """
+    return "\n".join(text for text, region in _regions(source, "hidden tests", where) if region is None)
 
 
 def student_version(nb: Any, name: str = "notebook") -> Any:
-    """Return a student copy of an nbformat notebook: solutions stubbed, outputs cleared, checks kept."""
+    """Return a student copy of an nbformat notebook, as nbgrader's generate_assignment makes it.
+
+    Cells are locked where nbgrader locks them, solutions become stubs, outputs are cleared and
+    hidden tests and saved widget state dropped (:func:`mgpu_edu.preprocessors.student_preprocessors`).
+    """
     import copy
+
+    from mgpu_edu.preprocessors import student_preprocessors
 
     nb = copy.deepcopy(nb)
     resources: dict[str, Any] = {"name": name}
-    for preprocessor in _preprocessors():
+    for preprocessor in student_preprocessors():
         nb, resources = preprocessor(nb, resources)
-    nb.metadata.pop("widgets", None)  # saved widget state would show the instructor's runs
-    nb.metadata[STUDENT_FLAG] = True
     return nb
 
 
@@ -228,6 +262,48 @@ def write_student_versions(source: Path, destination: Path, force: bool = False)
         (destination / MANIFEST).write_bytes(manifest.read_bytes())
         targets.append(destination / MANIFEST)
     return targets
+
+
+NBGRADER_CONFIG = """\
+# nbgrader configuration for the mgpu_edu lessons, written by `mgpu-edu nbgrader`.
+from mgpu_edu.preprocessors import generate_assignment_preprocessors
+
+c = get_config()  # noqa: F821 (nbgrader provides it)
+c.CourseDirectory.course_id = {course_id!r}
+# Solutions become stubs that still run, as `mgpu-edu student` makes them, instead of nbgrader's
+# `raise NotImplementedError()`, which would stop a student's notebook at the first exercise.
+c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
+c.ClearSolutions.enforce_metadata = True
+# The lessons train models: give a cell up to 10 minutes (nbgrader's default is 30 seconds).
+c.Execute.timeout = 600
+"""
+
+
+def write_nbgrader_course(source: Path, course: Path, course_id: str = "mgpu_edu", force: bool = False) -> list[Path]:
+    """Make (or add to) an nbgrader course folder: one assignment per lesson, and its nbgrader_config.py.
+
+    Each notebook in source goes to ``course/source/<its name without .ipynb>/``. Refuses, with
+    FileExistsError, to overwrite files already there unless force is True. Returns the files written.
+    """
+    source, course = Path(source), Path(course)
+    notebooks = _notebooks(source)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", course_id):
+        raise ValueError(f"course id {course_id!r} may hold only letters, digits, '_', '.' and '-'; "
+                         "try --course-id mgpu_edu")
+    if course.exists() and not course.is_dir():
+        raise FileExistsError(f"{str(course)!r} exists and is not a folder. Give a folder for the nbgrader course, "
+                              "for example: course")
+    targets = {course / "nbgrader_config.py": NBGRADER_CONFIG.format(course_id=course_id).encode()}
+    for path in notebooks:
+        targets[course / "source" / path.stem / path.name] = path.read_bytes()
+    existing = [str(t) for t in targets if t.exists() and t.read_bytes() != targets[t]]
+    if existing and not force:
+        raise FileExistsError(f"{len(existing)} file(s) in the course folder differ from what this would write, "
+                              f"e.g. {existing[0]!r}. Pass --force to overwrite them, or choose another folder.")
+    for target, content in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return list(targets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,4 +365,4 @@ def grade(path: Path, execute: bool = True, timeout: int = 600) -> list[Exercise
     Errors in the student's cells don't stop the run; the exercise they break is graded "error".
     """
     nb = run_notebook(path, timeout) if execute else _read_handed_in(path)
-    return exercise_results(nb, Path(path).name)
+    return exercise_results(nb, str(path))

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from mgpu_edu import __version__, course
-from mgpu_edu.assignments import grade, write_student_versions
+from mgpu_edu.assignments import grade, write_nbgrader_course, write_student_versions
 from mgpu_edu.course import MANIFEST, shipped_folder
 from mgpu_edu.doctor import report
 
@@ -20,6 +20,7 @@ examples:
   mgpu-edu lessons my-lessons                      copy the lessons here, then: jupyter lab my-lessons
   mgpu-edu badges --repo my-school/mgpu_edu --ref fall-2027
   mgpu-edu student lessons student                 student versions: solutions stubbed, outputs cleared
+  mgpu-edu nbgrader lessons course                 an nbgrader course: one assignment per lesson
   mgpu-edu grade handed-in/*.ipynb --csv grades.csv
   mgpu-edu doctor                                  what works on this machine, and fixes
 """
@@ -123,6 +124,16 @@ def _student(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nbgrader(args: argparse.Namespace) -> int:
+    written = write_nbgrader_course(Path(args.src), Path(args.course), course_id=args.course_id, force=args.force)
+    for path in written:
+        print(f"wrote {path}")
+    first = written[1].parent.name if len(written) > 1 else "ASSIGNMENT"
+    print(f"nbgrader course in {args.course}: {len(written) - 1} assignment(s), one per lesson. Next (needs "
+          f"pip install 'mgpu-edu[nbgrader]'): cd {args.course} && nbgrader generate_assignment {first}")
+    return 0
+
+
 def _grade(args: argparse.Namespace) -> int:
     _require("grade", "nbformat", *(() if args.no_execute else ("nbclient", "ipykernel")))
     results = []
@@ -195,13 +206,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     student = commands.add_parser("student", help="write student versions: solutions stubbed, outputs cleared",
                                   description="Write a student version of each notebook in SRC (a notebook or a "
-                                  "folder) into the folder DST. Each '### BEGIN SOLUTION' ... '### END SOLUTION' "
-                                  "region becomes a stub that still runs, outputs are cleared, and the check "
-                                  "calls stay, so an unsolved exercise reports 'not solved yet'.")
+                                  "folder) into the folder DST, as nbgrader's generate_assignment would. Each "
+                                  "'### BEGIN SOLUTION' ... '### END SOLUTION' region becomes a stub that still "
+                                  "runs, outputs and hidden tests are cleared, and the check calls stay, so an "
+                                  "unsolved exercise reports 'not solved yet'.")
     student.add_argument("src", metavar="SRC", help="instructor notebook, or folder of them (e.g. lessons)")
     student.add_argument("dst", metavar="DST", help="folder for the student versions (e.g. student)")
     student.add_argument("--force", action="store_true", help="overwrite student versions already in DST")
     student.set_defaults(run=_student)
+
+    nbgrader = commands.add_parser("nbgrader", help="set up an nbgrader course folder from the lessons",
+                                   description="Copy each notebook in SRC (a notebook or a folder) into "
+                                   "COURSE/source/<lesson>/, one nbgrader assignment per lesson, and write "
+                                   "COURSE/nbgrader_config.py, which makes nbgrader's generate_assignment stub "
+                                   "solutions as `mgpu-edu student` does and gives cells 10 minutes to run.")
+    nbgrader.add_argument("src", metavar="SRC", help="instructor notebook, or folder of them (e.g. lessons)")
+    nbgrader.add_argument("course", metavar="COURSE", help="the nbgrader course folder (e.g. course)")
+    nbgrader.add_argument("--course-id", default="mgpu_edu", help="nbgrader course id (default mgpu_edu)")
+    nbgrader.add_argument("--force", action="store_true", help="overwrite files in COURSE that differ")
+    nbgrader.set_defaults(run=_nbgrader)
 
     grade = commands.add_parser("grade", help="run handed-in notebooks and report each exercise's check",
                                 description="Run each notebook in a fresh kernel (errors don't stop it) and "

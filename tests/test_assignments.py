@@ -30,6 +30,56 @@ def test_solution_stubs_keep_indentation_and_markdown_answers():
         assignments.strip_solutions("### BEGIN SOLUTION\nx = (\n### END SOLUTION")
 
 
+def test_markers_are_found_where_nbgrader_finds_them():
+    # nbgrader's ClearSolutions and ClearHiddenTests match any line that *contains* the words, so a
+    # mention in prose opens a region too; the course does the same, so both agree on every notebook
+    assert assignments.strip_solutions("a\nsee BEGIN SOLUTION here\nb\nEND SOLUTION.\nc", markdown=True) == \
+        "a\nYOUR ANSWER HERE\nc"
+    grade = "f = check.x(answer)\n### BEGIN HIDDEN TESTS\nassert f.correct, f\n### END HIDDEN TESTS\nprint(1)"
+    assert assignments.strip_hidden_tests(grade) == "f = check.x(answer)\nprint(1)"
+    with pytest.raises(assignments.SolutionMarkerError, match="BEGIN HIDDEN TESTS.*never closed"):
+        assignments.strip_hidden_tests("### BEGIN HIDDEN TESTS\nassert False")
+
+
+def exercises(nb) -> list[tuple[int, int, int]]:
+    """(prompt, answer, check) cell indexes of each exercise, from the nbgrader metadata."""
+    ids = {c.metadata["nbgrader"]["grade_id"]: i for i, c in enumerate(nb.cells) if "nbgrader" in c.metadata}
+    count = len(ids) // 3
+    assert sorted(ids) == sorted(f"ex{n}_{part}" for n in range(1, count + 1) for part in ("prompt", "answer", "check"))
+    return [(ids[f"ex{n}_prompt"], ids[f"ex{n}_answer"], ids[f"ex{n}_check"]) for n in range(1, count + 1)]
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_every_exercise_is_an_nbgrader_prompt_answer_and_check(file):
+    nb = nbformat.read(LESSONS / file, as_version=4)
+    found = exercises(nb)
+    assert len(found) >= 2
+    for n, (prompt, answer, grade) in enumerate(found, start=1):
+        assert (prompt, answer) == (grade - 2, grade - 1), "prompt, answer and check follow each other"
+        p, a, g = (nb.cells[i] for i in (prompt, answer, grade))
+        assert p.cell_type == "markdown" and p.source.startswith(f"**Exercise {n}.**")
+        assert p.metadata.nbgrader == {"grade": False, "grade_id": f"ex{n}_prompt", "locked": True,
+                                       "schema_version": 3, "solution": False, "task": False}
+        assert a.metadata.nbgrader == {"grade": False, "grade_id": f"ex{n}_answer", "locked": False,
+                                       "schema_version": 3, "solution": True, "task": False}
+        assert g.metadata.nbgrader == {"grade": True, "grade_id": f"ex{n}_check", "locked": True, "points": 1,
+                                       "schema_version": 3, "solution": False, "task": False}
+        assert a.source.startswith(assignments.BEGIN) and a.source.endswith(assignments.END)
+        # the check: nbval compares its stored output with a fresh run, and nbgrader's hidden assert fails
+        # unless the check said "correct"
+        assert g.source.startswith(assignments.CHECK_MARKER + "\n") and assignments._CHECK_CALL.search(g.source)
+        assert g.source.endswith(f"\n{assignments.HIDDEN_BEGIN}\nassert feedback.correct, feedback\n"
+                                 f"{assignments.HIDDEN_END}")
+    # no marker words anywhere else: nbgrader would take them for markers
+    for i, cell in enumerate(nb.cells):
+        if i not in {a for _, a, _ in found}:
+            assert not assignments.has_region(cell.source, "solution"), i
+        if i not in {g for _, _, g in found}:
+            assert not assignments.has_region(cell.source, "hidden tests"), i
+        # nbgrader's other markers would change cells too
+        assert not any(word in cell.source for word in ("MARK SCHEME", "AUTOTEST")), i
+
+
 @pytest.mark.parametrize("file", FILES)
 def test_student_version_runs_and_reports_not_solved_yet(tmp_path, file):
     [student] = assignments.write_student_versions(LESSONS / file, tmp_path / "student")
@@ -50,8 +100,29 @@ def test_instructor_version_stores_a_correct_answer_for_every_exercise(file):
     results = assignments.exercise_results(nbformat.read(LESSONS / file, as_version=4), file)
     assert len(results) >= 2
     assert [r.status for r in results] == ["correct"] * len(results), results
-    # and nbval compares those stored outputs with a fresh run: each check cell is a checked cell
-    nb = nbformat.read(LESSONS / file, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and assignments._CHECK_CALL.search(cell.source):
-            assert cell.source.startswith(assignments.CHECK_MARKER) and assignments.BEGIN in cell.source
+
+
+def test_student_version_follows_nbgrader_cell_by_cell_kind():
+    def cell(kind, source, **nbgrader):
+        made = nbformat.v4.new_code_cell(source) if kind == "code" else (
+            nbformat.v4.new_markdown_cell(source) if kind == "markdown" else nbformat.v4.new_raw_cell(source))
+        if nbgrader:
+            made.metadata["nbgrader"] = {"grade_id": f"c{len(source)}", "schema_version": 3, **nbgrader}
+        return made
+
+    nb = nbformat.v4.new_notebook(cells=[
+        cell("markdown", "**Task.**", locked=True),
+        cell("code", "%time answer = 1", solution=True),  # no markers, not Python: the whole cell goes
+        cell("code", "# NBVAL_CHECK_OUTPUT\nok = check.x(answer)\n### BEGIN HIDDEN TESTS\nassert ok\n"
+                     "### END HIDDEN TESTS", grade=True, points=1),
+        cell("raw", "### BEGIN SOLUTION\nfree text\n### END SOLUTION", solution=True),
+        cell("code", "x = 1"),
+    ])
+    student = assignments.student_version(nb)
+    assert [c.source for c in student.cells] == [
+        "**Task.**", assignments.STUB_COMMENT, "ok = check.x(answer)", assignments.MARKDOWN_STUB, "x = 1"]
+    locks = [(c.metadata.get("editable"), c.metadata.get("deletable")) for c in student.cells]
+    assert locks == [(False, False), (None, False), (False, False), (None, False), (None, None)]
+    nb.cells.append(cell("code", "y = 2\n### END SOLUTION"))  # nbgrader would drop the line without a word
+    with pytest.raises(assignments.SolutionMarkerError, match="cell 5, line 2.*without"):
+        assignments.student_version(nb)

@@ -188,6 +188,38 @@ def test_student_bad_inputs(tmp_path, args, message):
     assert not (tmp_path / "out").exists()
 
 
+# --- nbgrader --------------------------------------------------------------------------------------
+
+def test_nbgrader_sets_up_a_course_folder_one_assignment_per_lesson(tmp_path):
+    done = mgpu_edu("nbgrader", str(LESSONS), "course", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "nbgrader generate_assignment 00_devices" in done.stdout
+    for lesson in COURSE.lessons:
+        copied = tmp_path / "course" / "source" / lesson.file.removesuffix(".ipynb") / lesson.file
+        assert copied.read_bytes() == (LESSONS / lesson.file).read_bytes()
+    config = (tmp_path / "course" / "nbgrader_config.py").read_text()
+    assert "c.CourseDirectory.course_id = 'mgpu_edu'" in config and "generate_assignment_preprocessors()" in config
+    assert mgpu_edu("nbgrader", str(LESSONS), "course", cwd=tmp_path).returncode == 0  # same files: nothing to refuse
+    (tmp_path / "course" / "nbgrader_config.py").write_text(config + "c.Execute.timeout = 60\n")
+    again = mgpu_edu("nbgrader", str(LESSONS), "course", cwd=tmp_path)
+    assert again.returncode == 2 and "nbgrader_config.py" in again.stderr and "--force" in again.stderr
+    assert mgpu_edu("nbgrader", str(LESSONS), "course", "--force", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "course" / "nbgrader_config.py").read_text() == config
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing", "course"], "'missing' does not exist"),
+    (["LESSONS", "notes.txt"], "exists and is not a folder"),
+    (["LESSONS", "course", "--course-id", "my course"], "course id 'my course' may hold only"),
+])
+def test_nbgrader_bad_inputs(tmp_path, args, message):
+    (tmp_path / "notes.txt").write_text("hello")
+    done = mgpu_edu("nbgrader", *[str(LESSONS) if a == "LESSONS" else a for a in args], cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert message in done.stderr
+    assert not (tmp_path / "course").exists()
+
+
 # --- badges ----------------------------------------------------------------------------------------
 
 def make_fork(tmp_path: Path) -> Path:
@@ -271,6 +303,21 @@ def test_grade_runs_each_notebook_and_reports_every_check(tmp_path):
     assert "ZeroDivisionError" in rows[4]
     handed_in = nbformat.read(tmp_path / "alice.ipynb", as_version=4)
     assert all(not cell.outputs for cell in handed_in.cells)  # grading doesn't rewrite the student's file
+
+
+def test_grade_tells_same_named_notebooks_apart_by_their_path(tmp_path):
+    # GitHub Classroom: one clone per student, the same file name in each
+    for student in ("alice-repo", "bob-repo"):
+        (tmp_path / student).mkdir()
+        shutil.copy(LESSONS / "06_model_parallel.ipynb", tmp_path / student)
+    done = mgpu_edu("grade", "--no-execute", "alice-repo/06_model_parallel.ipynb", "bob-repo/06_model_parallel.ipynb",
+                    "--csv", "grades.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "alice-repo/06_model_parallel.ipynb: 2/2 correct" in done.stdout
+    assert "bob-repo/06_model_parallel.ipynb: 2/2 correct" in done.stdout
+    rows = (tmp_path / "grades.csv").read_text().splitlines()[1:]
+    assert [row.split(",")[0] for row in rows] == ["alice-repo/06_model_parallel.ipynb"] * 2 + \
+        ["bob-repo/06_model_parallel.ipynb"] * 2
 
 
 def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):

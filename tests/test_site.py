@@ -26,7 +26,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu_edu import assignments, course
+from mgpu_edu import course
+from mgpu_edu.preprocessors import is_grade, is_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "docs" / "site"
@@ -125,8 +126,8 @@ def test_solutions_are_folded_and_still_widgets_are_labelled(site):
     for lesson in COURSE.lessons:
         text = (site / "lessons" / f"{lesson.file[:-6]}.html").read_text(encoding="utf-8")
         nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
-        solutions = sum(assignments.BEGIN in c.source for c in nb.cells if c.cell_type == "code")
-        assert text.count("tag_hide-cell") == solutions >= 2
+        exercise_cells = sum(is_solution(c) or is_grade(c) for c in nb.cells)  # each answer and its check
+        assert text.count("tag_hide-cell") == exercise_cells >= 4
         views = sum(VIEW in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert text.count("A still copy: this widget shows the state") == views
 

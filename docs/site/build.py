@@ -36,7 +36,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from mgpu_edu import assignments, course  # noqa: E402 - this checkout's package
+from mgpu_edu import course  # noqa: E402 - this checkout's package
+from mgpu_edu.preprocessors import is_grade, is_solution  # noqa: E402
 
 # Pages besides the lessons (repository paths), listed in this order under their own caption
 GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "benchmarks/results.md",
@@ -121,7 +122,7 @@ def stage(target: Path) -> course.Course:
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 cell.source = rewrite(cell.source, page, staged, known.repo, known.ref)
-            elif assignments.BEGIN in cell.source:  # folded: the answer and its feedback open with a click
+            elif is_solution(cell) or is_grade(cell):  # folded: the answer and its check open with a click
                 cell.metadata.setdefault("tags", []).append("hide-cell")
             views = [o["data"][WIDGET_VIEW]["model_id"] for o in cell.get("outputs", [])
                      if WIDGET_VIEW in o.get("data", {})]

@@ -1,0 +1,143 @@
+"""nbgrader 0.9 itself, offline, in a temporary course folder made by ``mgpu-edu nbgrader``.
+
+- ``nbgrader generate_assignment`` on every lesson writes the same student cells as ``mgpu-edu student``;
+- ``nbgrader autograde`` gives the instructor's version full points, and the untouched student version
+  zero points, every cell of it run without a crash (only the hidden asserts fail); on lesson 03, a
+  solved student copy full points, and one whose locked checks were edited zero (nbgrader restores them);
+- ``nbgrader generate_feedback`` writes an HTML report for each.
+
+The scores go to build/nbgrader/scores.md (git-ignored), for the record.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbgrader.api import Gradebook
+
+from mgpu_edu import assignments, course
+from mgpu_edu.preprocessors import is_grade, is_solution
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ROOT / "lessons"
+FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
+STUDENTS = {"instructor": "the instructor's version, solutions in", "untouched": "the student version, untouched"}
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a command with this environment's scripts first on PATH (nbgrader runs `alembic` by name)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    return done
+
+
+def nbgrader(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = run(sys.executable, "-m", "nbgrader", *args, cwd=cwd)
+    assert "[ERROR]" not in done.stderr and "| ERROR]" not in done.stderr, done.stderr[-6000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory) -> Path:
+    """A course folder, as `mgpu-edu nbgrader` makes it, after `nbgrader generate_assignment` on every lesson."""
+    root = tmp_path_factory.mktemp("nbgrader")
+    run(sys.executable, "-m", "mgpu_edu", "nbgrader", str(LESSONS), "course", cwd=root)
+    course_dir = root / "course"
+    nbgrader("generate_assignment", "*", cwd=course_dir)
+    return course_dir
+
+
+@pytest.fixture(scope="module")
+def graded(released) -> Path:
+    """Both submissions of every lesson, autograded, with feedback generated."""
+    for file in FILES:
+        stem = file.removesuffix(".ipynb")
+        for student, origin in (("instructor", LESSONS / file), ("untouched", released / "release" / stem / file)):
+            target = released / "submitted" / student / stem / file
+            target.parent.mkdir(parents=True)
+            shutil.copy(origin, target)
+    # two more students on lesson 03: one solved the handed-out copy, one "fixed" its locked checks instead
+    stem, file = "03_allreduce", "03_allreduce.ipynb"
+    answers = [c.source for c in nbformat.read(LESSONS / file, as_version=4).cells if is_solution(c)]
+    solved = nbformat.read(released / "release" / stem / file, as_version=4)
+    for cell, answer in zip([c for c in solved.cells if is_solution(c)], answers, strict=True):
+        cell.source = "\n".join(line for line in answer.split("\n") if "SOLUTION" not in line)
+    edited = nbformat.read(released / "release" / stem / file, as_version=4)
+    for cell in edited.cells:
+        if is_grade(cell):
+            cell.source = "feedback = 'correct'"
+    for student, nb in (("solved", solved), ("edited", edited)):
+        (released / "submitted" / student / stem).mkdir(parents=True)
+        nbformat.write(nb, released / "submitted" / student / stem / file)
+    nbgrader("autograde", "*", cwd=released)
+    nbgrader("generate_feedback", "*", cwd=released)
+    scores = {}
+    with Gradebook(f"sqlite:///{released / 'gradebook.db'}", course_id="mgpu_edu") as gb:
+        for file in FILES:
+            stem = file.removesuffix(".ipynb")
+            scores[stem] = {student: (gb.find_submission(stem, student).score,
+                                      gb.find_submission(stem, student).max_score) for student in STUDENTS}
+    record = ROOT / "build" / "nbgrader" / "scores.md"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text("| lesson | " + " | ".join(STUDENTS.values()) + " |\n|---|---:|---:|\n" + "".join(
+        f"| {stem} | " + " | ".join(f"{s:g} / {m:g}" for s, m in row.values()) + " |\n"
+        for stem, row in scores.items()), encoding="utf-8")
+    return released
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_generate_assignment_writes_what_mgpu_edu_student_writes(released, file):
+    stem = file.removesuffix(".ipynb")
+    theirs = nbformat.read(released / "release" / stem / file, as_version=4)
+    ours = assignments.student_version(nbformat.read(LESSONS / file, as_version=4), name=file)
+
+    def cells(nb):
+        return [(c.cell_type, c.source, c.get("outputs"), c.metadata.get("editable"), c.metadata.get("deletable"))
+                for c in nb.cells]
+
+    assert cells(ours) == cells(theirs)
+    assert ours.metadata == theirs.metadata
+    # and it is a student version: stubs instead of solutions, no hidden asserts, checks locked
+    code = "\n".join(c.source for c in theirs.cells if c.cell_type == "code")
+    assert assignments.BEGIN not in code and "assert feedback.correct" not in code
+    assert code.count(assignments.STUB_COMMENT) == len(course.load(LESSONS).lesson(file).checks)
+    checks = [c for c in theirs.cells if is_grade(c)]
+    assert checks and all(c.metadata.editable is False and c.metadata.deletable is False for c in checks)
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_autograde_gives_the_solutions_full_points_and_the_untouched_version_zero(graded, file):
+    stem = file.removesuffix(".ipynb")
+    with Gradebook(f"sqlite:///{graded / 'gradebook.db'}", course_id="mgpu_edu") as gb:
+        instructor = gb.find_submission(stem, "instructor")
+        untouched = gb.find_submission(stem, "untouched")
+        points = sum(cell.max_score for cell in gb.find_notebook(stem, stem).grade_cells)
+        assert points == instructor.max_score == len(course.load(LESSONS).lesson(file).checks)
+        assert instructor.score == points
+        assert untouched.score == 0
+    # the untouched version ran top to bottom: only its exercise checks failed, each with "not solved yet"
+    nb = nbformat.read(graded / "autograded" / "untouched" / stem / file, as_version=4)
+    failed = [c for c in nb.cells if c.cell_type == "code" and any(o.output_type == "error" for o in c.outputs)]
+    assert failed == [c for c in nb.cells if is_grade(c)]
+    for cell in failed:
+        [error] = [o for o in cell.outputs if o.output_type == "error"]
+        assert error.ename == "AssertionError" and error.evalue.startswith("⏳ Not solved yet"), error.evalue
+    for student in STUDENTS:
+        html = (graded / "feedback" / student / stem / f"{stem}.html").read_text(encoding="utf-8")
+        expected = points if student == "instructor" else 0
+        assert f"{stem} (Score: {expected:.1f} / {points:.1f})" in html, html[:2000]
+
+
+def test_autograde_scores_a_solved_student_copy_and_restores_edited_checks(graded):
+    with Gradebook(f"sqlite:///{graded / 'gradebook.db'}", course_id="mgpu_edu") as gb:
+        assert gb.find_submission("03_allreduce", "solved").score == 2
+        assert gb.find_submission("03_allreduce", "edited").score == 0  # its checks were put back, and failed
+    nb = nbformat.read(graded / "autograded" / "edited" / "03_allreduce" / "03_allreduce.ipynb", as_version=4)
+    assert all("assert feedback.correct" in c.source for c in nb.cells if is_grade(c))
