@@ -23,6 +23,9 @@ and "all processes" is the largest sum (every second), over every process the ru
 them: every TensorFlow process maps the same ~430 MB of libraries, which a sum of RSS would count
 once per process, while the machine (and Binder's limit) holds them once. Budgets (README):
 suite ≤ 180 s, lesson ≤ 30 s, kernel ≤ 1.2 GB, ``import mgpu_edu`` and ``mgpu-edu --help`` ≤ 0.3 s.
+Before and after the suite it times a fixed workload, ``import tensorflow, keras`` in a fresh process
+(what every kernel and worker does first), and reports it beside the table: a shared machine's speed
+varies by tens of per cent from hour to hour, and this tells a slow hour from a slower course.
 Times are measured and reported here, never asserted in unit tests. The exit status is 1 when a
 lesson fails, a kernel passes the memory budget (Binder kills at 2 GB), or ``import mgpu_edu`` or
 ``mgpu-edu --help`` imports TensorFlow; a missed time budget is reported, not fatal, because
@@ -49,6 +52,9 @@ sys.path.insert(0, str(ROOT))  # this checkout's mgpu_edu, for its course manife
 from mgpu_edu import course  # noqa: E402 - after the path is set
 
 LESSON_BUDGET_S, SUITE_BUDGET_S, KERNEL_BUDGET_MB, IMPORT_BUDGET_S = 30.0, 180.0, 1200.0, 0.3
+# A fixed workload that says how fast the machine is right now (shared machines vary by tens of
+# per cent from hour to hour): what every lesson kernel and every cluster worker does first.
+HOST_REFERENCE = "import tensorflow, keras"
 TIMES_START, TIMES_END = "<!-- lesson-times:start -->", "<!-- lesson-times:end -->"
 
 
@@ -238,7 +244,9 @@ def main() -> int:
         paths = lesson_paths(ROOT, args.lessons)
     except ValueError as error:
         parser.error(str(error))
+    reference = [time_import(HOST_REFERENCE, repeats=3)[0]]  # the host's speed, before and after the suite
     rows, suite_seconds = run_suite(paths)
+    reference.append(time_import(HOST_REFERENCE, repeats=3)[0])
     for row in rows:
         slowest = ", ".join(f"{cell} {seconds:.1f} s" for cell, seconds in row.get("slowest", []))
         print(f"{row['lesson']}: {row['seconds']} s, kernel {row['kernel_mb']} MB, {row['summary']}; "
@@ -255,11 +263,15 @@ def main() -> int:
     when = f"{time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by `python benchmarks/budgets.py`"
     text = (f"# Budget results\n\n{measured} {when}.\n\n{table(rows, suite_seconds)}\n\n"
             + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items())
-            + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}\n")
+            + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}"
+            + f"\n- host speed: `{HOST_REFERENCE}` in a fresh process took {reference[0]:.2f} s before the suite "
+            f"and {reference[1]:.2f} s after it (best of 3). Every lesson kernel and every worker process pays "
+            "this; when it is slower, so is every lesson: compare runs by it.\n")
     out = (ROOT / "benchmarks" if args.commit else ROOT / "build" / "budgets") / f"{args.name}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
-    measured_json = {"lessons": rows, "suite_seconds": suite_seconds, **imports}
+    measured_json = {"lessons": rows, "suite_seconds": suite_seconds, **imports,
+                     "host reference (s), before and after": reference}
     out.with_suffix(".json").write_text(json.dumps(measured_json, indent=1) + "\n")
     print(text)
     print(f"written to {out.relative_to(ROOT)}")

@@ -28,10 +28,17 @@ in for real work, so a test or a lesson can kill a worker mid-run.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import os
 import time
 from pathlib import Path
+
+# Exit about 0.8 s sooner: after importing TensorFlow (and Keras) a process holds some 300,000 Python
+# objects, and Python's garbage collector sweeps them as it shuts down, just before the OS frees the
+# memory anyway. Frozen objects are skipped. (It matters when a course starts many short jobs.)
+atexit.register(gc.freeze)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402

@@ -18,9 +18,16 @@ support; tf-keras 2's ``fit`` had), in the JSON's "fit" field.
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import json
 import os
 import socket
+
+# Exit about 0.8 s sooner: after importing TensorFlow (and Keras) a process holds some 300,000 Python
+# objects, and Python's garbage collector sweeps them as it shuts down, just before the OS frees the
+# memory anyway. Frozen objects are skipped. (It matters when a course starts many short jobs.)
+atexit.register(gc.freeze)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")  # fail, don't hang, when a task is unreachable

@@ -38,6 +38,21 @@ def test_tensorflow_import_is_silent():
     assert "oneDNN" not in out.stderr and "cuda" not in out.stderr.lower(), out.stderr
 
 
+def test_new_process_runs_the_code_as_its_main_program():
+    """run_in_new_process adds one line of its own (the garbage collector frozen at exit); the code
+    still runs as written: a __future__ import first, as __main__, tracebacks with its line numbers."""
+    out = processes.run_in_new_process(
+        "from __future__ import annotations\n"
+        "import sys\n"
+        "print(__name__)\n"
+        "\n"
+        "raise ValueError('on line 5')\n"
+    )
+    assert out.returncode == 1
+    assert out.stdout == "__main__\n"
+    assert 'line 5, in <module>' in out.stderr and out.stderr.strip().endswith("ValueError: on line 5")
+
+
 MODULES = sorted(m.name for m in pkgutil.iter_modules(mgpu_edu.__path__, "mgpu_edu.") if m.name != "mgpu_edu.__main__")
 
 
