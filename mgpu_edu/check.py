@@ -73,14 +73,18 @@ def placed_on(tensor: Any, device: str, expected: float | None = None) -> Feedba
     if _unsolved(tensor):
         return _report("unsolved", "compute something inside `with tf.device(...)` and assign the result.")
     where = getattr(tensor, "device", None)
-    if not isinstance(where, str):
-        return _report("wrong", f"expected a TensorFlow tensor, got {type(tensor).__name__}. "
-                                "Assign the tensor your computation returns, not a Python value.")
+    if not isinstance(where, str) or _device_key(where) is None:  # NumPy's arrays have device "cpu", no number
+        hint = (" `.numpy()` copies the result into a NumPy array, which has left the device: drop it."
+                if type(tensor).__module__.split(".")[0] == "numpy" else "")
+        return _report("wrong", f"expected a TensorFlow tensor, got {type(tensor).__name__}. Assign the tensor "
+                                f"your computation returns, not a Python or NumPy value.{hint}")
     value = _as_number(tensor)
     if _device_key(where) == _device_key(device) and expected is not None and (
             value is None or not math.isclose(value, expected, rel_tol=1e-6)):
-        got = "not a single number" if value is None else _show(value)
-        return _report("wrong", f"your tensor lives on the right device, but it holds {got}, not "
+        shape = getattr(tensor, "shape", None)
+        got = (f"a tensor of shape {tuple(shape)}, not the single number" if value is None and shape is not None
+               else "something other than" if value is None else f"{_show(value)}, not")
+        return _report("wrong", f"your tensor lives on the right device, but it holds {got} "
                                 f"{_show(expected)}. Compute the sum the exercise asks for.")
     if _device_key(where) == _device_key(device):
         return _report("correct", f"the result lives on {where}. Pinning work like this is how "
@@ -169,6 +173,10 @@ def device_names(answer: Any, expected: list[str]) -> Feedback:
     """Lesson 01, exercise 1: the names to hand ``tf.device`` for the first logical devices."""
     if _unsolved(answer):
         return _report("unsolved", "set `names` to a list of device-name strings.")
+    if isinstance(answer, (list, tuple)) and answer and all(isinstance(getattr(a, "name", None), str)
+                                                            and not isinstance(a, str) for a in answer):
+        return _report("wrong", f"those are {type(answer[0]).__name__} objects. tf.device takes them too, but the "
+                                "exercise asks for the names: take each device's .name.")
     if not isinstance(answer, (list, tuple)) or not all(isinstance(a, str) for a in answer):
         return _report("wrong", f"expected a list of strings, got {type(answer).__name__} {answer!r}.")
     if any("physical_device" in a for a in answer):
@@ -180,7 +188,8 @@ def device_names(answer: Any, expected: list[str]) -> Feedback:
     if not answer:
         return _report("wrong", "the list is empty. Did you ask for 'gpu' or 'cpu' in lower case? Device types "
                                 "are upper case: 'GPU', 'CPU' (lower case silently finds nothing).")
-    return _report("wrong", f"{list(answer)} is not the first {len(expected)} logical devices of this kernel. "
+    kind = (_device_key(expected[0]) or ("devices",))[0] if expected else "devices"
+    return _report("wrong", f"{list(answer)} is not the first {len(expected)} logical {kind} devices of this kernel. "
                             "Take them in order from tf.config.list_logical_devices(layout.kind).")
 
 
@@ -211,11 +220,18 @@ def shard_sizes_function(fn: Any) -> Feedback:
     for batch, n in cases:
         try:
             got = fn(batch, n)
-            if _unsolved(got):
-                return _unsolved_function("my_shard_sizes", got)
-            got = list(got)
         except Exception as error:  # a learner's code may raise anything
             return _report("wrong", f"my_shard_sizes({batch}, {n}) raised {type(error).__name__}: {error}.")
+        if _unsolved(got):
+            return _unsolved_function("my_shard_sizes", got)
+        try:
+            sizes = [_as_number(size) for size in got]
+        except TypeError:  # not iterable
+            sizes = [None]
+        if any(size is None or not size.is_integer() for size in sizes):
+            return _report("wrong", f"my_shard_sizes({batch}, {n}) returned {type(got).__name__} {got!r}. Return "
+                                    "a list of whole numbers, the size of each shard (not the shards themselves).")
+        got = [int(size) for size in sizes]
         want = shard_sizes(batch, n)
         if got == want:
             continue
@@ -242,14 +258,18 @@ def combine_function(fn: Any) -> Feedback:
     for sums, counts in cases:
         try:
             got = fn(list(sums), list(counts))
-            if _unsolved(got):
-                return _unsolved_function("combine", got)
-            got = float(got)
         except ZeroDivisionError:
             return _report("wrong", f"combine({sums}, {counts}) divided by zero: an empty tower has count 0, so "
                                     "never divide by one tower's count. Divide the total by the total.")
         except Exception as error:  # a learner's code may raise anything
             return _report("wrong", f"combine({sums}, {counts}) raised {type(error).__name__}: {error}.")
+        if _unsolved(got):
+            return _unsolved_function("combine", got)
+        number = _as_number(got)
+        if number is None:
+            return _report("wrong", f"combine({sums}, {counts}) returned {type(got).__name__} {got!r}: return "
+                                    "one number, the mean gradient of the whole batch.")
+        got = number
         want = sum(sums) / sum(counts)
         if abs(got - want) > 1e-9:
             mean_of_means = sum(s / c for s, c in zip(sums, counts, strict=True) if c) / len(sums)
@@ -528,5 +548,6 @@ def checkpoint_interval(answer: Any, save_seconds: float, mtbf_seconds: float) -
                   "saving eats the time; less often and each failure throws away more work.",
                   [(math.sqrt(save_seconds * mtbf_seconds), "that leaves out the 2 under the square root."),
                    (2 * save_seconds * mtbf_seconds, "that is 2·δ·M itself: take its square root."),
-                   (expected / 60, "that is in minutes: give seconds.")],
+                   (expected / 60, "that is in minutes, or the MTBF is still in hours: put both times in "
+                                   f"seconds (MTBF {mtbf_seconds:,.0f} s) and give seconds.")],
                   ": √(2 × save time × MTBF), both in seconds.", rel_tol=0.02)

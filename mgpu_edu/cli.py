@@ -129,8 +129,16 @@ def _nbgrader(args: argparse.Namespace) -> int:
     for path in written:
         print(f"wrote {path}")
     first = written[1].parent.name if len(written) > 1 else "ASSIGNMENT"
-    print(f"nbgrader course in {args.course}: {len(written) - 1} assignment(s), one per lesson. Next (needs "
-          f"pip install 'mgpu-edu[nbgrader]'): cd {args.course} && nbgrader generate_assignment {first}")
+    try:  # the fork and release the lessons point at (lessons/course.toml), as their Colab cells install it
+        from mgpu_edu import course
+
+        manifest = course.load(Path(args.src))
+        source = f" @ git+https://github.com/{manifest.repo}@{manifest.ref}"
+    except (OSError, ValueError):
+        source = " @ git+https://github.com/OWNER/NAME@REF"
+    print(f"nbgrader course in {args.course}: {len(written) - 1} assignment(s), one per lesson. Next, in an "
+          f"environment with nbgrader (pip install \"mgpu-edu[cpu,nbgrader]{source}\"): cd {args.course} && "
+          f"nbgrader generate_assignment {first}")
     return 0
 
 

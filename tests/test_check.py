@@ -32,6 +32,14 @@ def test_shard_sizes_function():
     assert "larger shards first" in check.shard_sizes_function(
         lambda b, n: sorted([b // n + (i < b % n) for i in range(n)])).message
     assert "raised ZeroDivisionError" in check.shard_sizes_function(lambda b, n: [1 / 0]).message
+    # shards instead of sizes: returned, explained, never raised (np.array_split's arrays can't be compared with ==)
+    import numpy as np
+
+    for shards in (lambda b, n: np.array_split(np.arange(b), n), lambda b, n: [[0, 1], [2]]):
+        feedback = check.shard_sizes_function(shards)
+        assert feedback.status == "wrong" and "not the shards themselves" in feedback.message
+    assert check.shard_sizes_function(lambda b, n: np.array([b // n + (i < b % n) for i in range(n)])).correct
+    assert "whole numbers" in check.shard_sizes_function(lambda b, n: 3).message
 
 
 def test_combine_function():
@@ -40,6 +48,8 @@ def test_combine_function():
     naive = check.combine_function(lambda s, c: sum(a / b for a, b in zip(s, c, strict=True)) / len(s))
     assert naive.status == "wrong" and "mean of the towers' means" in naive.message
     assert check.combine_function(lambda s, c: sum(s)).status == "wrong"
+    listed = check.combine_function(lambda s, c: [sum(s) / sum(c)])
+    assert listed.status == "wrong" and "returned list" in listed.message and "raised" not in listed.message
 
 
 @pytest.mark.parametrize(("answer", "status_", "hint"), [
@@ -141,6 +151,35 @@ def test_placed_on_checks_the_value_too(four_devices):
     feedback = check.placed_on(wrong, four_devices[-1], expected=9.0)
     assert feedback.status == "wrong" and "holds 4, not 9" in feedback.message
     assert check.placed_on(right, four_devices[0], expected=9.0).status == "wrong"
+    with tf.device(four_devices[-1]):
+        vector = check.placed_on(tf.ones(3) * 3, four_devices[-1], expected=9.0)
+    assert vector.status == "wrong" and "a tensor of shape (3,), not the single number 9" in vector.message
+
+
+def test_placed_on_turns_numpy_values_away_with_the_reason(four_devices):
+    """NumPy 2 arrays have a .device ("cpu") too: .numpy() of the right tensor must not read as misplaced."""
+    import numpy as np
+    import tensorflow as tf
+
+    with tf.device(four_devices[-1]):
+        total = tf.reduce_sum(tf.ones((3, 3)))
+    for value in (total.numpy(), np.asarray(total), float(total)):
+        feedback = check.placed_on(value, four_devices[-1], expected=9.0)
+        assert feedback.status == "wrong" and "expected a TensorFlow tensor" in feedback.message, value
+        assert "lives on" not in feedback.message
+    assert "`.numpy()` copies" in check.placed_on(total.numpy(), four_devices[-1]).message
+
+
+def test_device_names_explains_logical_device_objects(four_devices):
+    import tensorflow as tf
+
+    objects = tf.config.list_logical_devices("CPU")[:2]
+    with tf.device(objects[1]):  # tf.device takes the objects too
+        assert tf.ones(1).device.endswith("CPU:1")
+    feedback = check.device_names(objects, four_devices[:2])
+    assert feedback.status == "wrong" and "LogicalDevice objects" in feedback.message and ".name" in feedback.message
+    assert "first 2 logical CPU devices" in check.device_names(["/device:CPU:3", "/device:CPU:2"],
+                                                              four_devices[:2]).message
 
 
 @pytest.mark.parametrize("name", ["/CPU:0", "CPU:0", "/cpu:0", "/device:CPU:0",

@@ -194,6 +194,8 @@ def test_nbgrader_sets_up_a_course_folder_one_assignment_per_lesson(tmp_path):
     done = mgpu_edu("nbgrader", str(LESSONS), "course", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "nbgrader generate_assignment 00_devices" in done.stdout
+    manifest = course.load(LESSONS)  # the install line names the fork and release the lessons point at
+    assert f'"mgpu-edu[cpu,nbgrader] @ git+https://github.com/{manifest.repo}@{manifest.ref}"' in done.stdout
     for lesson in COURSE.lessons:
         copied = tmp_path / "course" / "source" / lesson.file.removesuffix(".ipynb") / lesson.file
         assert copied.read_bytes() == (LESSONS / lesson.file).read_bytes()

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import re
 import subprocess
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -118,3 +119,18 @@ def test_stored_show_source_outputs_match_the_code(file, expression, cell):
     # Jupyter stores a text result without its final newline
     assert stored[0]["data"]["text/plain"] == current.rstrip("\n"), \
         f"{file}: show_source({expression}) is stale; run make lessons"
+
+
+def test_the_guides_example_check_runs_as_written():
+    """docs/instructors.md's "Writing a new exercise" shows a whole check: it must work with check.py's helpers."""
+    from mgpu_edu import check
+
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    source = re.search(r"```python\n(\s*def tree_steps.*?)```", guide, flags=re.S).group(1)
+    namespace = dict(vars(check))
+    exec(compile(textwrap.dedent(source), "instructors.md", "exec"), namespace)  # noqa: S102 - our own guide
+    tree_steps = namespace["tree_steps"]
+    assert tree_steps(6, n=8).correct and tree_steps(6.0, n=8).correct
+    assert "double it" in tree_steps(3, n=8).message
+    assert tree_steps(None, n=8).status == "unsolved"
+    assert tree_steps("six", n=8).status == tree_steps(6.5, n=8).status == tree_steps(7, n=8).status == "wrong"
