@@ -188,8 +188,9 @@ def device_names(answer: Any, expected: list[str]) -> Feedback:
     if not answer:
         return _report("wrong", "the list is empty. Did you ask for 'gpu' or 'cpu' in lower case? Device types "
                                 "are upper case: 'GPU', 'CPU' (lower case silently finds nothing).")
-    kind = (_device_key(expected[0]) or ("devices",))[0] if expected else "devices"
-    return _report("wrong", f"{list(answer)} is not the first {len(expected)} logical {kind} devices of this kernel. "
+    key = _device_key(expected[0]) if expected else None
+    kind = f"{key[0]} " if key else ""
+    return _report("wrong", f"{list(answer)} is not the first {len(expected)} logical {kind}devices of this kernel. "
                             "Take them in order from tf.config.list_logical_devices(layout.kind).")
 
 

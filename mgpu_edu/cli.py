@@ -130,15 +130,13 @@ def _nbgrader(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     first = written[1].parent.name if len(written) > 1 else "ASSIGNMENT"
     try:  # the fork and release the lessons point at (lessons/course.toml), as their Colab cells install it
-        from mgpu_edu import course
-
         manifest = course.load(Path(args.src))
-        source = f" @ git+https://github.com/{manifest.repo}@{manifest.ref}"
+        repo, ref = manifest.repo, manifest.ref
     except (OSError, ValueError):
-        source = " @ git+https://github.com/OWNER/NAME@REF"
+        repo, ref = "OWNER/NAME", "REF"
     print(f"nbgrader course in {args.course}: {len(written) - 1} assignment(s), one per lesson. Next, in an "
-          f"environment with nbgrader (pip install \"mgpu-edu[cpu,nbgrader]{source}\"): cd {args.course} && "
-          f"nbgrader generate_assignment {first}")
+          f"environment with nbgrader (pip install \"{course.requirement(repo, ref, 'cpu,nbgrader')}\"): "
+          f"cd {args.course} && nbgrader generate_assignment {first}")
     return 0
 
 

@@ -225,6 +225,16 @@ def badge_row(lesson: str, repo: str, ref: str, folder: str = "lessons") -> str:
     )
 
 
+def requirement(repo: str, ref: str, extras: str = "") -> str:
+    """The pip requirement that installs mgpu_edu from a fork at a ref (what Colab's cell installs).
+
+    Example:
+        >>> requirement("my-school/mgpu_edu", "fall-2027", extras="cpu,nbgrader")
+        'mgpu-edu[cpu,nbgrader] @ git+https://github.com/my-school/mgpu_edu@fall-2027'
+    """
+    return f"mgpu-edu{f'[{extras}]' if extras else ''} @ git+https://github.com/{repo}@{ref}"
+
+
 def install_cell(repo: str, ref: str) -> str:
     """Source of the first code cell: installs mgpu_edu on Colab only, pinned to ref."""
     return (
@@ -233,7 +243,7 @@ def install_cell(repo: str, ref: str) -> str:
         "import sys\n"
         "\n"
         'if "google.colab" in sys.modules:\n'
-        f'    %pip install --quiet "mgpu-edu @ git+https://github.com/{repo}@{ref}"'
+        f'    %pip install --quiet "{requirement(repo, ref)}"'
     )
 
 

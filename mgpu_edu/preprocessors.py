@@ -49,6 +49,11 @@ def is_locked(cell: Any) -> bool:
     return not is_solution(cell) and (is_grade(cell) or _nbgrader(cell, "locked"))
 
 
+def _where(resources: dict, index: int) -> str:
+    """Names the cell in an error: the notebook (nbconvert's "name", nbgrader's "unique_key") and its index."""
+    return f"{resources.get('name') or resources.get('unique_key') or 'notebook'}, cell {index}"
+
+
 class _Step(Preprocessor):
     """Enabled unless configured off, like nbgrader's own preprocessors (nbconvert's default is off)."""
 
@@ -88,7 +93,7 @@ class ClearSolutions(_Step):
         return nb, resources
 
     def preprocess_cell(self, cell, resources, index):
-        where = f"{resources.get('name') or resources.get('unique_key') or 'notebook'}, cell {index}"
+        where = _where(resources, index)
         text = cell.cell_type != "code"  # markdown and raw cells get the text stub, as in nbgrader
         if has_region(cell.source, "solution"):
             if self.enforce_metadata and not is_solution(cell):
@@ -110,7 +115,7 @@ class ClearHiddenTests(_Step):
 
     def preprocess_cell(self, cell, resources, index):
         if has_region(cell.source, "hidden tests"):
-            cell.source = strip_hidden_tests(cell.source, f"{resources.get('name', 'notebook')}, cell {index}")
+            cell.source = strip_hidden_tests(cell.source, _where(resources, index))
         return cell, resources
 
 
