@@ -51,6 +51,9 @@ def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_check
     script = EXAMPLES / "multi_worker_train.py"
     with cluster.LocalCluster(script, workers=2, args=args) as job:
         job.wait_for("checkpoint saved at step 4", worker=0, timeout=240)
+        # and worker 1 has deleted its temporary copy (it says so after rmtree): a kill before that
+        # would leave the copy behind, which is the kill's doing, not the script's
+        job.wait_for("checkpoint saved at step 4", worker=1, timeout=240)
         job.kill(1)
         # The survivor's next all-reduce fails (its peer's connection is refused) and TensorFlow
         # aborts its collectives: it exits by itself with UnavailableError, nobody has to stop it.
