@@ -21,8 +21,9 @@ as TensorFlow's multi-worker guide prescribes: every worker calls ``save`` (savi
 the strategy's collective work), the chief (worker 0) into DIR, the others into temporary
 folders they delete afterwards. Started again with the same DIR, every worker restores the
 chief's latest checkpoint and resumes at its step, reading the same batches it would have read
-(the dataset skips the steps already done). ``--step-seconds`` adds a pause per step, standing
-in for real work, so a test or a lesson can kill a worker mid-run.
+(the dataset skips the steps already done). ``--stall WORKER STEP`` makes one worker stop after
+that step and wait, so a test or a lesson can kill it at a known point: its peers are then waiting
+in the next step's all-reduce, as they would be for a machine that died mid-run.
 """
 
 from __future__ import annotations
@@ -82,11 +83,19 @@ def main() -> None:
     parser.add_argument("--port-base", type=int, default=8888, help="Slurm: first port of the job's workers")
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume from checkpoints here")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: never)")
-    parser.add_argument("--step-seconds", type=float, default=0.0, help="pause per step, standing in for work")
+    parser.add_argument("--stall", type=int, nargs=2, metavar=("WORKER", "STEP"), default=None,
+                        help="worker WORKER stops after step STEP and waits to be killed (tests, lessons)")
     args = parser.parse_args()
+    if args.stall is not None and not 1 <= args.stall[1] <= args.steps:
+        parser.error(f"--stall {args.stall[0]} {args.stall[1]}: this run has steps 1 to {args.steps} "
+                     f"(--steps {args.steps}); give a step in that range")
 
     strategy = make_strategy(args.cluster, args.gpus_per_node, args.port_base)
     resolver = strategy.cluster_resolver
+    workers_in_cluster = len(resolver.cluster_spec().as_dict().get("worker", []))
+    if args.stall is not None and not 0 <= args.stall[0] < workers_in_cluster:
+        parser.error(f"--stall {args.stall[0]} {args.stall[1]}: there is no worker {args.stall[0]} in this "
+                     f"cluster of {workers_in_cluster} workers; give 0 to {workers_in_cluster - 1}")
     task = f"{resolver.task_type}:{resolver.task_id}"
     workers = strategy.num_replicas_in_sync
     global_batch = args.per_worker_batch * workers
@@ -152,12 +161,15 @@ def main() -> None:
         step.assign_add(1)
         done = int(step.numpy())
         say(f"step {done}: loss {loss:.4f}")
-        time.sleep(args.step_seconds)
         if manager is not None and args.checkpoint_every and done % args.checkpoint_every == 0:
             manager.save(checkpoint_number=done)  # every worker saves; only the chief's copy is kept
             if mine != args.checkpoint_dir:
                 tf.io.gfile.rmtree(str(mine))
             say(f"checkpoint saved at step {done}")
+        if args.stall == [resolver.task_id, done] and resolver.task_type == "worker":
+            say(f"stalled after step {done}, waiting to be killed")
+            while True:  # the others wait in the next step's all-reduce
+                time.sleep(60)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         np.savez(args.out / f"worker{resolver.task_id}.npz", *[np.asarray(w) for w in model.get_weights()])

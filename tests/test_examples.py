@@ -10,8 +10,11 @@ of a run never interrupted, and the surviving worker fails by itself with Unavai
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
+import pytest
 
 from mgpu_edu import cluster, course
 
@@ -46,23 +49,20 @@ def _weights(folder):
 
 def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_checkpoint(tmp_path):
     checkpoints, weights, unbroken = tmp_path / "checkpoints", tmp_path / "weights", tmp_path / "unbroken"
-    args = ["--steps", "8", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--step-seconds", "0.2",
-            "--out", str(weights)]
+    args = ["--steps", "8", "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "2", "--out", str(weights)]
     script = EXAMPLES / "multi_worker_train.py"
-    with cluster.LocalCluster(script, workers=2, args=args) as job:
-        job.wait_for("checkpoint saved at step 4", worker=0, timeout=240)
-        # and worker 1 has deleted its temporary copy (it says so after rmtree): a kill before that
-        # would leave the copy behind, which is the kill's doing, not the script's
-        job.wait_for("checkpoint saved at step 4", worker=1, timeout=240)
+    with cluster.LocalCluster(script, workers=2, args=[*args, "--stall", "1", "5"]) as job:
+        job.wait_for("stalled after step 5", worker=1, timeout=240)  # after its step-4 checkpoint and cleanup
         job.kill(1)
-        # The survivor's next all-reduce fails (its peer's connection is refused) and TensorFlow
-        # aborts its collectives: it exits by itself with UnavailableError, nobody has to stop it.
+        # The survivor is waiting in step 6's all-reduce; the dead process's connections close, and
+        # TensorFlow aborts its collectives: it exits by itself with UnavailableError, nobody stops it.
         assert job.wait_for_exit(0, timeout=120) == 1 and job.exit_codes == [1, -9]
         assert "UnavailableError" in job.log(0) and "Collective ops is aborted" in job.log(0)
+        assert "step 5: loss" in job.log(0) and "step 6: loss" not in job.log(0)
         pids = job.pids
     assert not any(cluster.running(pid) for pid in pids)
     saved = max(int(p.stem.split("-")[1]) for p in checkpoints.glob("ckpt-*.index"))
-    assert saved >= 4 and not weights.exists()  # it never finished
+    assert saved == 4 and not weights.exists()  # it never finished
     assert not list(checkpoints.glob("temp-*"))  # the non-chief worker deletes its own copies
     with cluster.LocalCluster(script, workers=2, args=args) as job:
         logs = job.wait(timeout=240)
@@ -75,3 +75,15 @@ def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_check
     for k in resumed[0].files:
         assert np.array_equal(resumed[0][k], resumed[1][k])  # every worker ends with the same weights
         np.testing.assert_allclose(resumed[0][k], reference[0][k], rtol=1e-6, atol=1e-7)  # as if never broken
+
+
+def test_a_stall_outside_the_run_is_refused_with_the_range_to_use():
+    script = EXAMPLES / "multi_worker_train.py"
+    outside = subprocess.run([sys.executable, str(script), "--steps", "6", "--stall", "1", "9"],
+                             capture_output=True, text=True, timeout=240)
+    assert outside.returncode == 2
+    assert "--stall 1 9: this run has steps 1 to 6 (--steps 6); give a step in that range" in outside.stderr
+    with cluster.LocalCluster(script, workers=2, args=["--steps", "2", "--stall", "2", "1"]) as job:
+        with pytest.raises(cluster.WorkerFailed, match="exited with code 2") as failed:
+            job.wait(timeout=240)
+    assert "there is no worker 2 in this cluster of 2 workers; give 0 to 1" in str(failed.value)
