@@ -22,8 +22,9 @@ the strategy's collective work), the chief (worker 0) into DIR, the others into 
 folders they delete afterwards. Started again with the same DIR, every worker restores the
 chief's latest checkpoint and resumes at its step, reading the same batches it would have read
 (the dataset skips the steps already done). ``--stall WORKER STEP`` makes one worker stop after
-that step and wait, so a test or a lesson can kill it at a known point: its peers are then waiting
-in the next step's all-reduce, as they would be for a machine that died mid-run.
+that step (before the last) and wait, so a test or a lesson can kill it at a known point: its
+peers are then waiting in the next step's all-reduce, as they would be for a machine that died
+mid-run. Nothing else ends the wait: by default a worker that is alive but stuck is never noticed.
 """
 
 from __future__ import annotations
@@ -86,16 +87,22 @@ def main() -> None:
     parser.add_argument("--stall", type=int, nargs=2, metavar=("WORKER", "STEP"), default=None,
                         help="worker WORKER stops after step STEP and waits to be killed (tests, lessons)")
     args = parser.parse_args()
-    if args.stall is not None and not 1 <= args.stall[1] <= args.steps:
-        parser.error(f"--stall {args.stall[0]} {args.stall[1]}: this run has steps 1 to {args.steps} "
-                     f"(--steps {args.steps}); give a step in that range")
+    stall = f"--stall {args.stall[0]} {args.stall[1]}" if args.stall is not None else ""
+    if args.stall is not None and args.steps < 2:
+        parser.error(f"{stall}: a stall needs --steps 2 or more, so that a next step waits for it")
+    if args.stall is not None and not 1 <= args.stall[1] < args.steps:
+        parser.error(f"{stall}: give a step from 1 to {args.steps - 1} (one before --steps {args.steps}): the other "
+                     "workers must have a next step in which to wait for the stalled one")
 
     strategy = make_strategy(args.cluster, args.gpus_per_node, args.port_base)
     resolver = strategy.cluster_resolver
     workers_in_cluster = len(resolver.cluster_spec().as_dict().get("worker", []))
+    if args.stall is not None and workers_in_cluster == 0:
+        parser.error(f"{stall}: this process runs alone, not in a cluster of workers (TF_CONFIG or --cluster "
+                     "slurm), so no peer would wait for it; leave --stall out")
     if args.stall is not None and not 0 <= args.stall[0] < workers_in_cluster:
-        parser.error(f"--stall {args.stall[0]} {args.stall[1]}: there is no worker {args.stall[0]} in this "
-                     f"cluster of {workers_in_cluster} workers; give 0 to {workers_in_cluster - 1}")
+        parser.error(f"{stall}: this cluster's workers are numbered 0 to {workers_in_cluster - 1}; give one of "
+                     "them (a chief task can't be stalled)")
     task = f"{resolver.task_type}:{resolver.task_id}"
     workers = strategy.num_replicas_in_sync
     global_batch = args.per_worker_batch * workers
@@ -123,6 +130,9 @@ def main() -> None:
         if latest is not None:
             checkpoint.restore(latest).assert_existing_objects_matched()
             say(f"resumed from step {int(step.numpy())} ({Path(latest).name})")
+            if args.stall is not None and args.stall[1] <= int(step.numpy()):
+                parser.error(f"{stall}: this run resumes after step {int(step.numpy())} ({Path(latest).name}), so "
+                             f"it never finishes step {args.stall[1]}; give a later step, or leave --stall out")
         mine = write_dir(args.checkpoint_dir, strategy)
         manager = tf.train.CheckpointManager(checkpoint, str(mine), max_to_keep=2)
 

@@ -10,8 +10,11 @@ of a run never interrupted, and the surviving worker fails by itself with Unavai
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -64,6 +67,10 @@ def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_check
     saved = max(int(p.stem.split("-")[1]) for p in checkpoints.glob("ckpt-*.index"))
     assert saved == 4 and not weights.exists()  # it never finished
     assert not list(checkpoints.glob("temp-*"))  # the non-chief worker deletes its own copies
+    with cluster.LocalCluster(script, workers=2, args=[*args, "--stall", "1", "3"]) as job:
+        with pytest.raises(cluster.WorkerFailed, match="exited with code 2") as failed:
+            job.wait(timeout=240)  # a stall the resumed run would never reach is refused, before any save
+    assert "--stall 1 3: this run resumes after step 4 (ckpt-4), so it never finishes step 3" in str(failed.value)
     with cluster.LocalCluster(script, workers=2, args=args) as job:
         logs = job.wait(timeout=240)
     for log in logs:
@@ -77,13 +84,38 @@ def test_a_killed_worker_stops_the_run_and_a_restart_resumes_from_the_last_check
         np.testing.assert_allclose(resumed[0][k], reference[0][k], rtol=1e-6, atol=1e-7)  # as if never broken
 
 
-def test_a_stall_outside_the_run_is_refused_with_the_range_to_use():
+def test_a_stall_no_peer_would_wait_for_is_refused_with_what_to_give():
     script = EXAMPLES / "multi_worker_train.py"
-    outside = subprocess.run([sys.executable, str(script), "--steps", "6", "--stall", "1", "9"],
-                             capture_output=True, text=True, timeout=240)
-    assert outside.returncode == 2
-    assert "--stall 1 9: this run has steps 1 to 6 (--steps 6); give a step in that range" in outside.stderr
+
+    def alone(*args):
+        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=240)
+        assert done.returncode == 2
+        return done.stderr
+
+    assert ("--stall 1 6: give a step from 1 to 5 (one before --steps 6): the other workers must have a next step"
+            in alone("--steps", "6", "--stall", "1", "6"))
+    assert "--stall 0 1: a stall needs --steps 2 or more" in alone("--steps", "1", "--stall", "0", "1")
+    assert ("--stall 0 1: this process runs alone, not in a cluster of workers (TF_CONFIG or --cluster slurm)"
+            in alone("--steps", "6", "--stall", "0", "1"))
     with cluster.LocalCluster(script, workers=2, args=["--steps", "2", "--stall", "2", "1"]) as job:
         with pytest.raises(cluster.WorkerFailed, match="exited with code 2") as failed:
             job.wait(timeout=240)
-    assert "there is no worker 2 in this cluster of 2 workers; give 0 to 1" in str(failed.value)
+    assert "--stall 2 1: this cluster's workers are numbered 0 to 1; give one of them" in str(failed.value)
+
+
+def test_a_stuck_worker_is_never_noticed_and_a_silent_one_is_by_the_heartbeats():
+    """What lessons 08 and 10 say: a peer that is alive but stuck keeps the others waiting (no timeout by
+    default); one that falls silent (a frozen process, like a machine off the network) is noticed by the
+    coordination service MultiWorkerMirroredStrategy starts, whose heartbeats time out after 10 s."""
+    args = ["--steps", "4", "--stall", "1", "2"]
+    with cluster.LocalCluster(EXAMPLES / "multi_worker_train.py", workers=2, args=args) as job:
+        job.wait_for("stalled after step 2", worker=1, timeout=240)
+        time.sleep(15)  # longer than the heartbeat timeout: the stuck worker still sends heartbeats
+        assert job.exit_codes == [None, None] and "step 3: loss" not in job.log(0)
+        os.kill(job.pids[1], signal.SIGSTOP)  # frozen: its connections stay open, it sends nothing
+        frozen = time.monotonic()
+        assert job.wait_for_exit(0, timeout=120) == 1
+        noticed_after = time.monotonic() - frozen
+        log = job.log(0)
+    assert "UnavailableError" in log and "stopped sending heartbeats" in log
+    assert 5 < noticed_after < 60, noticed_after  # about the 10 s timeout
