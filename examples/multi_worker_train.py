@@ -129,10 +129,11 @@ def main() -> None:
         latest = tf.train.latest_checkpoint(str(args.checkpoint_dir))  # the chief's: every worker reads it
         if latest is not None:
             checkpoint.restore(latest).assert_existing_objects_matched()
-            say(f"resumed from step {int(step.numpy())} ({Path(latest).name})")
-            if args.stall is not None and args.stall[1] <= int(step.numpy()):
-                parser.error(f"{stall}: this run resumes after step {int(step.numpy())} ({Path(latest).name}), so "
-                             f"it never finishes step {args.stall[1]}; give a later step, or leave --stall out")
+            resumed = int(step.numpy())
+            say(f"resumed from step {resumed} ({Path(latest).name})")
+            if args.stall is not None and args.stall[1] <= resumed:
+                parser.error(f"{stall}: this run resumes after step {resumed} ({Path(latest).name}), so it never "
+                             f"finishes step {args.stall[1]}; give a later step, or leave --stall out")
         mine = write_dir(args.checkpoint_dir, strategy)
         manager = tf.train.CheckpointManager(checkpoint, str(mine), max_to_keep=2)
 
