@@ -14,6 +14,7 @@ from typing import Any
 
 from mgpu_edu.devices import default_memory_limit_mb
 from mgpu_edu.memory import ZERO_STAGES, model_states
+from mgpu_edu.mirrored import fit_example_weights, replica_shares
 from mgpu_edu.parallel import shard_sizes
 from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
 from mgpu_edu.recovery import checkpoint_interval as _young
@@ -280,7 +281,7 @@ def combine_function(fn: Any) -> Feedback:
                                         f"divide by all {sum(counts)} examples ({want:g}).")
             return _report("wrong", f"combine({sums}, {counts}) = {got:g}, expected {want:g}.")
     return _report("correct", "sum of tower sums ÷ total examples is exactly the single-device mean, whatever "
-                              "the shard sizes: what a correct custom step does (lesson 05). Keras's fit averages "
+                              "the shard sizes: what a correct custom step does (lesson 06). Keras's fit averages "
                               "per-replica means instead, which lesson 04 catches on the short last batch.")
 
 
@@ -329,8 +330,58 @@ def steps_per_epoch(answer: Any, examples: int, per_replica: int, replicas: int)
                   ": steps = ⌈examples ÷ (per-replica batch × replicas)⌉.")
 
 
+def batch_shares(answer: Any, batch: int, replicas: int) -> Feedback:
+    """Lesson 04, exercise 2: how many examples of one batch TensorFlow gives each replica."""
+    hint = f"set `answer` to a list of {replicas} whole numbers, one per replica."
+    if _unsolved(answer):
+        return _report("unsolved", hint)
+    try:
+        values = [_as_number(share) for share in answer]
+    except TypeError:  # not iterable
+        values = [None]
+    if isinstance(answer, (str, bytes)) or any(v is None or not v.is_integer() or v < 0 for v in values):
+        return _report("wrong", f"expected a list of {replicas} whole numbers, got {type(answer).__name__} "
+                                f"{answer!r}.")
+    shares, expected = [int(v) for v in values], replica_shares(batch, replicas)
+    if len(shares) != replicas:
+        return _report("wrong", f"{shares} has {len(shares)} numbers: give one per replica, {replicas} in all.")
+    if shares == expected:
+        weights = fit_example_weights(expected)
+        extremes = sorted({w for w in weights if w is not None})
+        return _report("correct", f"{expected}: ⌈{batch} ÷ {replicas}⌉ = {expected[0]} each, in order, until the "
+                                  "batch runs out. fit then weighs each example by 1/(N × its replica's share) "
+                                  f"instead of 1/{batch}: {' to '.join(f'{w:.3g}' for w in extremes)} × the "
+                                  "right weight.")
+    if sum(shares) != batch:
+        return _report("wrong", f"{shares} adds up to {sum(shares)} examples; the replicas share all {batch} of them.")
+    if shares == shard_sizes(batch, replicas):
+        return _report("wrong", f"{shares} is lesson 02's even split. TensorFlow fills the replicas in order "
+                                f"with ⌈{batch} ÷ {replicas}⌉ = {expected[0]} examples each until the batch runs out.")
+    return _report("wrong", f"{shares} is not how TensorFlow splits it: each replica gets ⌈batch ÷ replicas⌉ "
+                            "examples, in order, and the last ones get what is left (or nothing).")
+
+
+def softmax_floor(answer: Any, classes: int) -> Feedback:
+    """Lesson 05, exercise 2: the lowest loss a softmax-twice model can reach on C classes."""
+    early, answer = _read_number(answer, "set `answer` to a loss (a number).", "a number")
+    if early is not None:
+        return early
+    expected = math.log(1 + (classes - 1) / math.e)
+    return _judge(answer, expected, f"{expected:.4f} = log(1 + {classes - 1}/e): the perfect probabilities "
+                  f"(1, 0, …, 0) softmaxed again give the right class only e/(e + {classes - 1}).", [
+                      (0, "0 is what the right loss gives a perfect prediction. Here the loss applies softmax to "
+                          "(1, 0, …, 0) first: work out the right class's probability after that softmax."),
+                      (math.log(classes), f"log({classes}) is the loss of a uniform guess. The perfect "
+                                          "probabilities are not uniform: softmax(1, 0, …, 0) gives the right "
+                                          "class e/(e + C − 1)."),
+                      (math.log(1 + (classes - 1) * math.e), "the e is upside down: the right class's score "
+                                                             "is 1 and the others' 0, so its share is "
+                                                             "e/(e + C − 1).")],
+                  f": −log of e/(e + C − 1) with C = {classes}.", rel_tol=1e-3, abs_tol=1e-3)
+
+
 def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_replica: int) -> Feedback:
-    """Lesson 04, exercise 2: the learning rate after the linear scaling rule."""
+    """Lesson 05, exercise 1: the learning rate after the linear scaling rule."""
     early, answer = _read_number(answer, "set `answer` to a learning rate.", "a number")
     if early is not None:
         return early
@@ -345,7 +396,7 @@ def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_r
 
 
 def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: int) -> Feedback:
-    """Lesson 05, exercise 1: what one replica's scaled loss must be (its loss sum ÷ the global batch)."""
+    """Lesson 06, exercise 1: what one replica's scaled loss must be (its loss sum ÷ the global batch)."""
     early, answer = _read_number(answer, "set `answer` to the loss this replica should return.", "a number")
     if early is not None:
         return early
@@ -361,7 +412,7 @@ def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: i
 
 
 def python_runs(answer: Any, replicas: int) -> Feedback:
-    """Lesson 05, exercise 2: how often the Python body of a replica function runs under tf.function."""
+    """Lesson 06, exercise 2: how often the Python body of a replica function runs under tf.function."""
     early, answer = _read_number(answer, "set `answer` to a whole number.", "a number of runs", whole=True)
     if early is not None:
         return early
@@ -375,7 +426,7 @@ def python_runs(answer: Any, replicas: int) -> Feedback:
 
 
 def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
-    """Lesson 06, exercise 1: the fewest micro-batches that keep a P-stage bubble under target."""
+    """Lesson 07, exercise 1: the fewest micro-batches that keep a P-stage bubble under target."""
     early, answer = _read_number(answer, "set `answer` to a whole number of micro-batches.",
                                  "a whole number of micro-batches", whole=True)
     if early is not None:
@@ -397,7 +448,7 @@ def micro_batches(answer: Any, stages: int, target: float) -> Feedback:
 
 
 def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedback:
-    """Lesson 06, exercise 2: kernel parameters per device when a Dense kernel is split by columns."""
+    """Lesson 07, exercise 2: kernel parameters per device when a Dense kernel is split by columns."""
     early, answer = _read_number(answer, "set `answer` to a number of parameters.", "a number")
     if early is not None:
         return early
@@ -413,7 +464,7 @@ def kernel_shard(answer: Any, inputs: int, outputs: int, devices: int) -> Feedba
 
 def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: float,
                       bytes_per_param: int = 4) -> Feedback:
-    """Lesson 07, exercise 1: seconds for a ring all-reduce of a model's gradients, latency ignored."""
+    """Lesson 08, exercise 1: seconds for a ring all-reduce of a model's gradients, latency ignored."""
     early, answer = _read_number(answer, "set `answer` to a number of seconds.", "a number of seconds")
     if early is not None:
         return early
@@ -429,7 +480,7 @@ def allreduce_seconds(answer: Any, params: float, replicas: int, gbytes_per_s: f
 
 
 def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -> Feedback:
-    """Lesson 07, exercise 2: speed-up of N replicas when each step adds comm_s to compute_s (no overlap)."""
+    """Lesson 08, exercise 2: speed-up of N replicas when each step adds comm_s to compute_s (no overlap)."""
     early, answer = _read_number(answer, "set `answer` to the speed-up (a number like 2.5).", "a number")
     if early is not None:
         return early
@@ -443,7 +494,7 @@ def model_speedup(answer: Any, compute_s: float, comm_s: float, replicas: int) -
 
 
 def global_batch_workers(answer: Any, workers: int, per_worker: int) -> Feedback:
-    """Lesson 08, exercise 1: the global batch of a multi-worker job."""
+    """Lesson 09, exercise 1: the global batch of a multi-worker job."""
     early, answer = _read_number(answer, "set `answer` to a whole number of examples.", "a number of examples",
                                  whole=True)
     if early is not None:
@@ -456,7 +507,7 @@ def global_batch_workers(answer: Any, workers: int, per_worker: int) -> Feedback
 
 
 def staleness(answer: Any, workers: int) -> Feedback:
-    """Lesson 08, exercise 2: how stale a gradient typically is with N asynchronous workers."""
+    """Lesson 09, exercise 2: how stale a gradient typically is with N asynchronous workers."""
     early, answer = _read_number(answer, "set `answer` to a whole number of updates.", "a number of updates",
                                  whole=True)
     if early is not None:
@@ -470,7 +521,7 @@ def staleness(answer: Any, workers: int) -> Feedback:
 
 def zero_stage_that_fits(answer: Any, params: float, devices: int, gpu_gb: float, optimizer: str = "adam",
                          precision: str = "mixed") -> Feedback:
-    """Lesson 09, exercise 1: the lowest ZeRO stage whose model states fit in gpu_gb (decimal GB) per device."""
+    """Lesson 10, exercise 1: the lowest ZeRO stage whose model states fit in gpu_gb (decimal GB) per device."""
     early, answer = _read_number(answer, "set `answer` to a ZeRO stage, 0 to 3.", "a stage number", whole=True)
     if early is not None:
         return early
@@ -498,7 +549,7 @@ def zero_stage_that_fits(answer: Any, params: float, devices: int, gpu_gb: float
 
 
 def zero3_bytes(answer: Any, n: int, params: float, bytes_per_param: int = 2) -> Feedback:
-    """Lesson 09, exercise 2: bytes one device sends per step under ZeRO-3."""
+    """Lesson 10, exercise 2: bytes one device sends per step under ZeRO-3."""
     early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
     if early is not None:
         return early
@@ -523,7 +574,7 @@ def zero3_bytes(answer: Any, n: int, params: float, bytes_per_param: int = 2) ->
 
 
 def lost_steps(answer: Any, steps_done: int, every: int) -> Feedback:
-    """Lesson 10, exercise 1: the steps a restarted run must run again after a failure."""
+    """Lesson 11, exercise 1: the steps a restarted run must run again after a failure."""
     early, answer = _read_number(answer, "set `answer` to a whole number of steps.", "a number of steps", whole=True)
     if early is not None:
         return early
@@ -540,7 +591,7 @@ def lost_steps(answer: Any, steps_done: int, every: int) -> Feedback:
 
 
 def checkpoint_interval(answer: Any, save_seconds: float, mtbf_seconds: float) -> Feedback:
-    """Lesson 10, exercise 2: Young's checkpoint interval, in seconds (2 % tolerance)."""
+    """Lesson 11, exercise 2: Young's checkpoint interval, in seconds (2 % tolerance)."""
     early, answer = _read_number(answer, "set `answer` to a number of seconds.", "a number of seconds")
     if early is not None:
         return early

@@ -131,7 +131,7 @@ def _package_findings(environment: _env.Environment) -> list[Finding]:
     for label, dist, fix in (
         ("matplotlib", "matplotlib", 'every lesson draws with it: pip install "matplotlib>=3.8"'),
         ("numpy", "numpy", "pip install numpy"),
-        ("TensorBoard", "tensorboard", "lesson 07's profiler view needs it: pip install tensorboard"),
+        ("TensorBoard", "tensorboard", "lesson 08's profiler view needs it: pip install tensorboard"),
     ):
         found = version_of(dist)
         findings.append(Finding(label, found[1] if found else "not installed", found is not None,
@@ -186,7 +186,7 @@ def outlook(findings: list[Finding]) -> list[str]:
         lines.append(f"✗ {lessons} need TensorFlow first (see the fixes below).")
     elif tf_sees_gpu:
         lines.append(f"✓ {lessons}: setup_devices() splits GPU 0 into logical GPUs with memory limits.")
-        lines.append("✓ Real GPU kernels: timings in lesson 07 mean something on this machine.")
+        lines.append("✓ Real GPU kernels: timings in lesson 08 mean something on this machine.")
     else:
         lines.append(f"✓ {lessons}: setup_devices() splits the CPU into logical CPUs: the same code paths, "
                      "no real speed-up.")
@@ -201,7 +201,7 @@ def outlook(findings: list[Finding]) -> list[str]:
         lines.append("✓ Interactive explorers (ipywidgets).")
     board = by_name.get("TensorBoard")
     if board is not None and not board.ok:
-        lines.append("✗ Lesson 07's TensorBoard profile (the rest of lesson 07 runs).")
+        lines.append("✗ Lesson 08's TensorBoard profile (the rest of lesson 08 runs).")
     return lines
 
 

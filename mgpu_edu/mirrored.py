@@ -1,6 +1,6 @@
 """MirroredStrategy runs: how TensorFlow splits a batch, what ``fit`` does with it, and custom steps.
 
-This is the module behind lessons 04 and 05 and the replicas × batch-size explorer. Every claim
+This is the module behind lessons 04, 05 and 06 and the replicas × batch-size explorer. Every claim
 it makes about TensorFlow or Keras (the split of a batch, how ``fit`` scales each replica's
 loss) is checked against TensorFlow itself in ``tests/test_mirrored.py``. On a machine with no
 GPU the replicas are logical CPUs: the arithmetic and the code paths are the real ones, the

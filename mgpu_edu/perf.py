@@ -1,6 +1,6 @@
 """Measuring what makes training slow: input pipelines, batch size, precision.
 
-Small, honest timers for lesson 07. They time real TensorFlow work on whatever devices exist;
+Small, honest timers for lesson 08. They time real TensorFlow work on whatever devices exist;
 on logical CPUs every measurement shares the same cores.
 """
 

@@ -1,6 +1,6 @@
 """Surviving failures: what a checkpointed run loses when a worker dies, and how often to checkpoint.
 
-Pure arithmetic, no TensorFlow. Lesson 10 runs the real thing: ``keras.callbacks.BackupAndRestore``
+Pure arithmetic, no TensorFlow. Lesson 11 runs the real thing: ``keras.callbacks.BackupAndRestore``
 with ``fit``, and a ``tf.train.CheckpointManager`` in the multi-worker custom loop of
 ``examples/multi_worker_train.py``, killed and restarted with :class:`mgpu_edu.cluster.LocalCluster`.
 """

@@ -276,7 +276,7 @@ class ScalingSimulator(_Displayed):
 
     Shows each step's compute and all-reduce time for 1 … N replicas, and the scaling
     efficiency. The device's rate is its datasheet peak × ``utilisation``, the share of peak
-    training really reaches (1.0 = the peak itself; lesson 07 derives one from a measured
+    training really reaches (1.0 = the peak itself; lesson 08 derives one from a measured
     run). Pure arithmetic: it runs instantly, with or without a GPU.
 
     Example:

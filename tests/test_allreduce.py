@@ -180,7 +180,7 @@ def test_stepper_widget_builds_and_steps():
 
 
 def test_only_the_collective_all_reduce_honours_bytes_per_pack():
-    """Lesson 07 §4: bytes_per_pack splits the gradients into several all-reduces with
+    """Lesson 08 §4: bytes_per_pack splits the gradients into several all-reduces with
     MirroredStrategy's default (CollectiveAllReduce); HierarchicalCopyAllReduce (the same class as
     NcclAllReduce, AllReduceCrossDeviceOps) ignores the option: the traced step is the same."""
     out = run_fresh("""

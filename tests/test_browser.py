@@ -1,7 +1,7 @@
 """Lessons in a real browser: JupyterLab 4 + headless Chromium (Debian's package) via Playwright.
 
-Lesson 04: runs the whole notebook, moves the replicas slider (timing the diagram's redraw),
-clicks Train, and waits for a new row in the results table. Lesson 09: moves the memory
+Lesson 05: runs the whole notebook, moves the replicas slider (timing the diagram's redraw),
+clicks Train, and waits for a new row in the results table. Lesson 10: moves the memory
 calculator's ZeRO-stage slider and waits for the bars to redraw. Chromium comes from apt
 (``make test`` installs it when it can); Playwright's own browser downloads are not used.
 """
@@ -37,11 +37,11 @@ def _free_port() -> int:
 
 @pytest.fixture
 def lab(tmp_path, request):
-    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving a copy of one lesson (default 04)."""
+    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving a copy of one lesson (default 05)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}. Install Debian's package (sudo apt-get install chromium) "
                     "or set MGPU_EDU_CHROMIUM to its path; `make test` installs it when it can.")
-    lesson = getattr(request, "param", "04_mirrored_fit.ipynb")
+    lesson = getattr(request, "param", "05_batch_scaling.ipynb")
     shutil.copy(ROOT / "lessons" / lesson, tmp_path / lesson)
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "MGPU_EDU_PLATFORM": "local", "JUPYTER_CONFIG_DIR": str(tmp_path / ".jupyter"),
@@ -143,7 +143,7 @@ def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path, r
 
 def test_explorer_in_jupyterlab(lab, tmp_path):
     # the lesson's own runs fill the table (3 rows) before the explorer is used
-    with _lesson_widget(lab, "04_mirrored_fit.ipynb", ".mgpu-explorer", "explorer", tmp_path,
+    with _lesson_widget(lab, "05_batch_scaling.ipynb", ".mgpu-explorer", "explorer", tmp_path,
                         ready="document.querySelectorAll('.mgpu-results tbody tr').length >= 3") as (page, explorer):
         rows_before = page.locator(".mgpu-results tbody tr").count()
 
@@ -179,10 +179,10 @@ def test_explorer_in_jupyterlab(lab, tmp_path):
     print(f"slider → diagram redraw: median {median:.0f} ms over {len(latencies)} changes (goal ≤ 100 ms)")
 
 
-@pytest.mark.parametrize("lab", ["09_memory_zero.ipynb"], indirect=True)
+@pytest.mark.parametrize("lab", ["10_memory_zero.ipynb"], indirect=True)
 def test_memory_calculator_redraws_in_jupyterlab(lab, tmp_path):
-    """Lesson 09's memory calculator: move the ZeRO-stage slider; the bars and the numbers redraw."""
-    with _lesson_widget(lab, "09_memory_zero.ipynb", ".mgpu-memory", "memory calculator", tmp_path) as (
+    """Lesson 10's memory calculator: move the ZeRO-stage slider; the bars and the numbers redraw."""
+    with _lesson_widget(lab, "10_memory_zero.ipynb", ".mgpu-memory", "memory calculator", tmp_path) as (
             page, calculator):
         image = calculator.locator("img").first
         before = (image.get_attribute("src"), calculator.inner_text())

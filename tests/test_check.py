@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from mgpu_edu import check
@@ -101,6 +104,35 @@ def test_kernel_shard(answer, status_):
     (None, "unsolved", "whole number")])
 def test_steps_per_epoch(answer, status_, hint):
     feedback = check.steps_per_epoch(answer, examples=5656, per_replica=48, replicas=4)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    ([3, 3, 3, 1], "correct", "0.833 to 2.5 × the right weight"), ((3, 3, 3, 1), "correct", "⌈10 ÷ 4⌉ = 3"),
+    (np.array([3, 3, 3, 1]), "correct", "in order"), ([3, 3, 2, 2], "wrong", "lesson 02's even split"),
+    ([3, 3, 3, 2], "wrong", "adds up to 11"), ([3, 3, 4], "wrong", "one per replica, 4 in all"),
+    ([4, 4, 2, 0], "wrong", "not how TensorFlow splits it"), ("3331", "wrong", "a list of 4 whole numbers"),
+    ([3, 3, 3, 0.5], "wrong", "whole numbers"), ([3, 3, 5, -1], "wrong", "whole numbers"), (7, "wrong", "a list"),
+    (None, "unsolved", "one per replica")])
+def test_batch_shares(answer, status_, hint):
+    feedback = check.batch_shares(answer, batch=10, replicas=4)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+def test_batch_shares_agrees_with_the_rule_that_tensorflow_follows():
+    """The expected split is mirrored.replica_shares, which tests/test_mirrored.py checks against TensorFlow."""
+    from mgpu_edu import mirrored
+    for batch, replicas in [(6, 4), (30, 4), (64, 4), (1, 3), (0, 2), (13, 5)]:
+        assert check.batch_shares(mirrored.replica_shares(batch, replicas), batch, replicas).correct
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (math.log(1 + 9 / math.e), "correct", "log(1 + 9/e)"), (1.461, "correct", "e/(e + 9)"),
+    (1.46, "correct", "1.4612"), (0, "wrong", "right loss gives a perfect prediction"),
+    (math.log(10), "wrong", "uniform guess"), (math.log(1 + 9 * math.e), "wrong", "upside down"),
+    (1.3, "wrong", "−log of e/(e + C − 1) with C = 10"), (None, "unsolved", "a loss")])
+def test_softmax_floor(answer, status_, hint):
+    feedback = check.softmax_floor(answer, classes=10)
     assert feedback.status == status_ and hint in feedback.message
 
 
@@ -206,6 +238,7 @@ def _number_types(value):
     (check.ring_bytes, 10_000_000, {"n": 6, "nbytes": 6_000_000}),
     (check.ring_steps, 14, {"n": 8}),
     (check.steps_per_epoch, 30, {"examples": 5656, "per_replica": 48, "replicas": 4}),
+    (check.softmax_floor, math.log(1 + 7 / math.e), {"classes": 8}),
     (check.scaled_lr, 0.04, {"base_lr": 0.01, "base_batch": 32, "replicas": 4, "per_replica": 32}),
     (check.replica_loss, 0.125, {"loss_sum": 8.0, "per_replica": 16, "global_batch": 64}),
     (check.python_runs, 8, {"replicas": 8}),

@@ -122,11 +122,11 @@ def test_lessons_copies_then_protects_changes(tmp_path):
     again = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
     assert again.returncode == 0 and "0 file(s) copied" in again.stdout
 
-    edited = target / "05_custom_loops.ipynb"
+    edited = target / "06_custom_loops.ipynb"
     edited.write_text(edited.read_text() + " ")
     refused = mgpu_edu("lessons", "my lessons", cwd=tmp_path)
     assert refused.returncode == 2
-    assert "05_custom_loops.ipynb" in refused.stderr and "--force" in refused.stderr
+    assert "06_custom_loops.ipynb" in refused.stderr and "--force" in refused.stderr
     assert edited.read_text().endswith(" ")  # the learner's work is untouched
     forced = mgpu_edu("lessons", "my lessons", "--force", cwd=tmp_path)
     assert forced.returncode == 0 and "1 file(s) copied" in forced.stdout
@@ -311,20 +311,20 @@ def test_grade_tells_same_named_notebooks_apart_by_their_path(tmp_path):
     # GitHub Classroom: one clone per student, the same file name in each
     for student in ("alice-repo", "bob-repo"):
         (tmp_path / student).mkdir()
-        shutil.copy(LESSONS / "06_model_parallel.ipynb", tmp_path / student)
-    done = mgpu_edu("grade", "--no-execute", "alice-repo/06_model_parallel.ipynb", "bob-repo/06_model_parallel.ipynb",
+        shutil.copy(LESSONS / "07_model_parallel.ipynb", tmp_path / student)
+    done = mgpu_edu("grade", "--no-execute", "alice-repo/07_model_parallel.ipynb", "bob-repo/07_model_parallel.ipynb",
                     "--csv", "grades.csv", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "alice-repo/06_model_parallel.ipynb: 2/2 correct" in done.stdout
-    assert "bob-repo/06_model_parallel.ipynb: 2/2 correct" in done.stdout
+    assert "alice-repo/07_model_parallel.ipynb: 2/2 correct" in done.stdout
+    assert "bob-repo/07_model_parallel.ipynb: 2/2 correct" in done.stdout
     rows = (tmp_path / "grades.csv").read_text().splitlines()[1:]
-    assert [row.split(",")[0] for row in rows] == ["alice-repo/06_model_parallel.ipynb"] * 2 + \
-        ["bob-repo/06_model_parallel.ipynb"] * 2
+    assert [row.split(",")[0] for row in rows] == ["alice-repo/07_model_parallel.ipynb"] * 2 + \
+        ["bob-repo/07_model_parallel.ipynb"] * 2
 
 
 def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):
-    done = mgpu_edu("grade", "--no-execute", str(LESSONS / "06_model_parallel.ipynb"), cwd=tmp_path)
-    assert done.returncode == 0 and "06_model_parallel.ipynb: 2/2 correct" in done.stdout
+    done = mgpu_edu("grade", "--no-execute", str(LESSONS / "07_model_parallel.ipynb"), cwd=tmp_path)
+    assert done.returncode == 0 and "07_model_parallel.ipynb: 2/2 correct" in done.stdout
     missing = mgpu_edu("grade", "nope.ipynb", cwd=tmp_path)
     assert missing.returncode == 2 and "'nope.ipynb' does not exist" in missing.stderr
     bad = mgpu_edu("grade", "--timeout", "soon", "x.ipynb", cwd=tmp_path)

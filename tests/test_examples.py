@@ -1,6 +1,6 @@
-"""The worker scripts in examples/, run for real with LocalCluster, as lesson 08 runs them.
+"""The worker scripts in examples/, run for real with LocalCluster, as lesson 09 runs them.
 
-They check what lessons 08 and 10 say TensorFlow and Keras do: Keras 3 fit fails under
+They check what lessons 09 and 11 say TensorFlow and Keras do: Keras 3 fit fails under
 MultiWorkerMirroredStrategy (keras-team/keras#20585) and under ParameterServerStrategy, the custom
 loop keeps every worker's weights identical, parameter-server steps finish out of order with
 stale gradients, and a run whose worker is killed resumes from its last checkpoint to the weights
@@ -104,7 +104,7 @@ def test_a_stall_no_peer_would_wait_for_is_refused_with_what_to_give():
 
 
 def test_a_stuck_worker_is_never_noticed_and_a_silent_one_is_by_the_heartbeats():
-    """What lessons 08 and 10 say: a peer that is alive but stuck keeps the others waiting (no timeout by
+    """What lessons 09 and 11 say: a peer that is alive but stuck keeps the others waiting (no timeout by
     default); one that falls silent (a frozen process, like a machine off the network) is noticed by the
     coordination service MultiWorkerMirroredStrategy starts, whose heartbeats time out after 10 s."""
     args = ["--steps", "4", "--stall", "1", "2"]

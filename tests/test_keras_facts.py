@@ -16,7 +16,7 @@ from mgpu_edu import mirrored, models, strategies
 
 
 def test_softmax_output_keeps_its_logits_for_keras_losses(four_devices):
-    """Lesson 04 §4: a from_logits=True loss uses the logits behind a softmax output tensor; plain
+    """Lesson 05 §2: a from_logits=True loss uses the logits behind a softmax output tensor; plain
     arrays (what predict returns) hit the softmax-twice floor."""
     import keras
     import tensorflow as tf
@@ -43,7 +43,7 @@ def test_softmax_output_keeps_its_logits_for_keras_losses(four_devices):
 
 
 def test_compute_average_loss_default_is_local_size_times_replicas(four_devices):
-    """Lesson 05 §2: without global_batch_size, tf.nn.compute_average_loss divides by this
+    """Lesson 06 §2: without global_batch_size, tf.nn.compute_average_loss divides by this
     replica's size × the replicas: 2 × 4 = 8 on a batch of 6 split 2, 2, 2, 0."""
     import tensorflow as tf
 
@@ -76,7 +76,7 @@ def test_tf_device_names(four_devices):
 
 
 def test_a_new_batch_shape_traces_the_step_again(four_devices):
-    """Lesson 05 §2: the short last batch traces the replica step once more (2 traces × 4 replicas)."""
+    """Lesson 06 §2: the short last batch traces the replica step once more (2 traces × 4 replicas)."""
     import keras
     import tensorflow as tf
 
@@ -99,7 +99,7 @@ def test_a_new_batch_shape_traces_the_step_again(four_devices):
 
 
 def test_mixed_precision_keeps_float32_variables_and_gradients(four_devices):
-    """Lesson 07 and the scaling simulator: under Keras mixed precision the weights, and so the
+    """Lesson 08 and the scaling simulator: under Keras mixed precision the weights, and so the
     gradients that are all-reduced, stay float32 (only the computation is 16-bit)."""
     import keras
     import tensorflow as tf
@@ -153,7 +153,7 @@ def test_all_reducing_gradients_yourself_then_apply_gradients_adds_them_twice(fo
 
 
 def test_fit_steps_per_execution_fails_with_replicas_and_steps_per_call_matches_one_step_per_call():
-    """Lesson 07 §4: `fit` with steps_per_execution > 1 fails under MirroredStrategy with more than one
+    """Lesson 08 §4: `fit` with steps_per_execution > 1 fails under MirroredStrategy with more than one
     replica (the error of keras-team/keras#19246) and runs with one; `mirrored.steps_per_call` runs
     several steps per call and takes exactly the steps one step per call takes. In a process of its
     own: strategies of different sizes in one process collide in TensorFlow's collective groups."""
@@ -198,7 +198,7 @@ def test_fit_steps_per_execution_fails_with_replicas_and_steps_per_call_matches_
 
 
 def test_backup_and_restore_with_save_freq_records_the_batch_but_restarts_the_epoch(four_devices, tmp_path):
-    """Lesson 10 §1: with save_freq=N, BackupAndRestore's metadata records the batch of the last
+    """Lesson 11 §1: with save_freq=N, BackupAndRestore's metadata records the batch of the last
     backup, yet a restarted `fit` starts that epoch again from its first batch (only the epoch is
     restored), so the batches before the backup are trained on twice: the weights differ from an
     unbroken run's. With the default save_freq="epoch" nothing is trained twice (the lesson's run)."""
@@ -249,7 +249,7 @@ def test_backup_and_restore_with_save_freq_records_the_batch_but_restarts_the_ep
 
 
 def test_backup_and_restore_with_save_freq_records_epoch_0_after_a_restart(four_devices, tmp_path):
-    """Lesson 10 §1: in Keras 3.15, batch backups written by a resumed `fit` record epoch 0 (the
+    """Lesson 11 §1: in Keras 3.15, batch backups written by a resumed `fit` record epoch 0 (the
     callback's epoch counter starts at 0 and restoring doesn't set it), so a second crash restarts
     training from epoch 0 with trained weights. The lesson says not to rely on save_freq=N."""
     import json
@@ -290,7 +290,7 @@ def test_backup_and_restore_with_save_freq_records_epoch_0_after_a_restart(four_
 
 
 def test_a_fresh_shuffling_pipeline_reads_epoch_0s_order_first():
-    """Lesson 10 §1: BackupAndRestore restores the epoch number, not where a shuffling pipeline's
+    """Lesson 11 §1: BackupAndRestore restores the epoch number, not where a shuffling pipeline's
     random generator was. A seeded tf.data shuffle gives a new order each pass; a restarted process
     builds the pipeline again, and its first pass (the resumed epoch) repeats epoch 0's order."""
     code = """

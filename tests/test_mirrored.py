@@ -197,7 +197,7 @@ def test_oracle_custom_step_is_the_one_device_step_with_uneven_batches(four_devi
 
 def test_oracle_adam_needs_building_in_scope_before_strategy_run(four_devices):
     """Adam's slots made inside strategy.run under tf.function fail on two replicas as on four (lesson
-    05 shows it on two), not on one; building first in the scope works."""
+    06 shows it on two), not on one; building first in the scope works."""
     import keras
     import tensorflow as tf
 

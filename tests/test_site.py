@@ -5,7 +5,7 @@ every test here) with the network blocked; every internal link and anchor resolv
 Chromium the landing page and every lesson page show their title, their figures (loaded, non-zero
 size) and their widgets rendered from saved state, with no console error, no request leaving the
 site and no raw widget JSON; the theme's search finds lessons; the vendored JavaScript is what
-docs/site/_static/vendor/SOURCES.md says it is. A screenshot of lesson 04 is saved under build/.
+docs/site/_static/vendor/SOURCES.md says it is. A screenshot of lesson 05 (its explorer) is saved under build/.
 """
 
 from __future__ import annotations
@@ -210,12 +210,12 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
                 problems.append(f"{path}: shows {raw!r}")
         if errors or outside:
             problems.append(f"{path}: console errors {errors[:3]}, outside requests {outside[:3]}")
-        if path.startswith("lessons/04"):
+        if path.startswith("lessons/05"):
             page.locator(".cell_output .jupyter-widgets").first.scroll_into_view_if_needed()
-            page.screenshot(path=str(ROOT / "build" / "site-lesson-04.png"))
+            page.screenshot(path=str(ROOT / "build" / "site-lesson-05.png"))
         page.close()
     assert problems == []
-    assert (ROOT / "build" / "site-lesson-04.png").stat().st_size > 10_000
+    assert (ROOT / "build" / "site-lesson-05.png").stat().st_size > 10_000
 
 
 def test_search_finds_the_lessons(browser, served):

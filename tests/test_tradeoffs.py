@@ -106,7 +106,7 @@ def test_recovery_arithmetic():
 
 
 def test_recomputation_halves_what_the_forward_pass_keeps_but_not_the_steps_peak():
-    """Lesson 09: measured by TensorFlow's own CPU allocator (TF_CPU_ALLOCATOR_USE_BFC makes
+    """Lesson 10: measured by TensorFlow's own CPU allocator (TF_CPU_ALLOCATOR_USE_BFC makes
     get_memory_info work on a CPU). With segments of 3 layers, what the forward pass keeps for the
     backward pass (held while the tape is alive) falls to a fraction, and the plain run keeps what
     kept_activations counts; the peak of the whole step falls far less, because the backward pass
