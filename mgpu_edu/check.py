@@ -346,12 +346,10 @@ def batch_shares(answer: Any, batch: int, replicas: int) -> Feedback:
     if len(shares) != replicas:
         return _report("wrong", f"{shares} has {len(shares)} numbers: give one per replica, {replicas} in all.")
     if shares == expected:
-        weights = fit_example_weights(expected)
-        extremes = sorted({w for w in weights if w is not None})
+        weights = ", ".join("none" if w is None else f"{w:.3g}" for w in fit_example_weights(expected))
         return _report("correct", f"{expected}: ⌈{batch} ÷ {replicas}⌉ = {expected[0]} each, in order, until the "
                                   "batch runs out. fit then weighs each example by 1/(N × its replica's share) "
-                                  f"instead of 1/{batch}: {' to '.join(f'{w:.3g}' for w in extremes)} × the "
-                                  "right weight.")
+                                  f"instead of 1/{batch}: replica by replica, [{weights}] × the right weight.")
     if sum(shares) != batch:
         return _report("wrong", f"{shares} adds up to {sum(shares)} examples; the replicas share all {batch} of them.")
     if shares == shard_sizes(batch, replicas):
@@ -374,6 +372,8 @@ def softmax_floor(answer: Any, classes: int) -> Feedback:
                       (math.log(classes), f"log({classes}) is the loss of a uniform guess. The perfect "
                                           "probabilities are not uniform: softmax(1, 0, …, 0) gives the right "
                                           "class e/(e + C − 1)."),
+                      (math.e / (math.e + classes - 1), "that is the right class's probability after the "
+                                                        "second softmax. The loss is −log of it."),
                       (math.log(1 + (classes - 1) * math.e), "the e is upside down: the right class's score "
                                                              "is 1 and the others' 0, so its share is "
                                                              "e/(e + C − 1).")],

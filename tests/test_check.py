@@ -108,7 +108,8 @@ def test_steps_per_epoch(answer, status_, hint):
 
 
 @pytest.mark.parametrize(("answer", "status_", "hint"), [
-    ([3, 3, 3, 1], "correct", "0.833 to 2.5 × the right weight"), ((3, 3, 3, 1), "correct", "⌈10 ÷ 4⌉ = 3"),
+    ([3, 3, 3, 1], "correct", "[0.833, 0.833, 0.833, 2.5] × the right weight"),
+    ((3, 3, 3, 1), "correct", "⌈10 ÷ 4⌉ = 3"),
     (np.array([3, 3, 3, 1]), "correct", "in order"), ([3, 3, 2, 2], "wrong", "lesson 02's even split"),
     ([3, 3, 3, 2], "wrong", "adds up to 11"), ([3, 3, 4], "wrong", "one per replica, 4 in all"),
     ([4, 4, 2, 0], "wrong", "not how TensorFlow splits it"), ("3331", "wrong", "a list of 4 whole numbers"),
@@ -130,6 +131,7 @@ def test_batch_shares_agrees_with_the_rule_that_tensorflow_follows():
     (math.log(1 + 9 / math.e), "correct", "log(1 + 9/e)"), (1.461, "correct", "e/(e + 9)"),
     (1.46, "correct", "1.4612"), (0, "wrong", "right loss gives a perfect prediction"),
     (math.log(10), "wrong", "uniform guess"), (math.log(1 + 9 * math.e), "wrong", "upside down"),
+    (math.e / (math.e + 9), "wrong", "−log of it"),
     (1.3, "wrong", "−log of e/(e + C − 1) with C = 10"), (None, "unsolved", "a loss")])
 def test_softmax_floor(answer, status_, hint):
     feedback = check.softmax_floor(answer, classes=10)
