@@ -199,6 +199,7 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
             page.wait_for_function("n => document.querySelectorAll('.cell_output .jupyter-widgets').length >= n",
                                    arg=widgets, timeout=30_000)
         heading = page.inner_text("main h1").strip().rstrip("#").strip()
+        heading = heading.replace("\u2019", "'").replace("\u201c", '"').replace("\u201d", '"')  # Sphinx's smart quotes
         sizes = page.eval_on_selector_all("main img", "images => images.map(i => [i.naturalWidth, i.naturalHeight])")
         text = page.inner_text("body")
         if heading != title:
