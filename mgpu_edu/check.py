@@ -134,6 +134,17 @@ def _as_number(answer: Any) -> float | None:
     return None
 
 
+def _whole_numbers(values: Any) -> list[int] | None:
+    """The items of values as ints, or None if values isn't iterable or an item isn't a whole number."""
+    try:
+        read = [_as_number(value) for value in values]
+    except TypeError:  # not iterable
+        return None
+    if any(value is None or not value.is_integer() for value in read):
+        return None
+    return [int(value) for value in read]
+
+
 def _show(value: float) -> str:
     """A number as a learner would write it: 96, not 96.0; 0.04, not 0.04000000000000001."""
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:.6g}"
@@ -226,14 +237,11 @@ def shard_sizes_function(fn: Any) -> Feedback:
             return _report("wrong", f"my_shard_sizes({batch}, {n}) raised {type(error).__name__}: {error}.")
         if _unsolved(got):
             return _unsolved_function("my_shard_sizes", got)
-        try:
-            sizes = [_as_number(size) for size in got]
-        except TypeError:  # not iterable
-            sizes = [None]
-        if any(size is None or not size.is_integer() for size in sizes):
+        sizes = _whole_numbers(got)
+        if sizes is None:
             return _report("wrong", f"my_shard_sizes({batch}, {n}) returned {type(got).__name__} {got!r}. Return "
                                     "a list of whole numbers, the size of each shard (not the shards themselves).")
-        got = [int(size) for size in sizes]
+        got = sizes
         want = shard_sizes(batch, n)
         if got == want:
             continue
@@ -335,14 +343,11 @@ def batch_shares(answer: Any, batch: int, replicas: int) -> Feedback:
     hint = f"set `answer` to a list of {replicas} whole numbers, one per replica."
     if _unsolved(answer):
         return _report("unsolved", hint)
-    try:
-        values = [_as_number(share) for share in answer]
-    except TypeError:  # not iterable
-        values = [None]
-    if isinstance(answer, (str, bytes)) or any(v is None or not v.is_integer() or v < 0 for v in values):
+    shares = None if isinstance(answer, (str, bytes)) else _whole_numbers(answer)
+    if shares is None or any(share < 0 for share in shares):
         return _report("wrong", f"expected a list of {replicas} whole numbers, got {type(answer).__name__} "
                                 f"{answer!r}.")
-    shares, expected = [int(v) for v in values], replica_shares(batch, replicas)
+    expected = replica_shares(batch, replicas)
     if len(shares) != replicas:
         return _report("wrong", f"{shares} has {len(shares)} numbers: give one per replica, {replicas} in all.")
     if shares == expected:
