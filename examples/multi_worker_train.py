@@ -11,6 +11,18 @@ Runs as is on a real cluster and on one machine:
   ``--gpus-per-node N`` to skip the count, and ``--port-base`` when two jobs share a node (every
   job starts at port 8888 otherwise).
 
+**Each worker its own data.** ``--per-worker-batch`` is what one worker trains on per step, whatever
+its number of GPUs: the global batch is that times the workers, and each of a worker's replicas
+takes an equal share. Each worker builds its own input pipeline with
+``strategy.distribute_datasets_from_function``: TensorFlow hands the function a
+``tf.distribute.InputContext`` that says how many pipelines there are, which one this is, and the
+batch per replica, and the pipeline keeps every n-th example (``shard``). The other way,
+``strategy.experimental_distribute_dataset`` on one dataset batched by the global batch, lets
+tf.data split the data by its ``AutoShardPolicy``: FILE (each worker reads its own files), DATA
+(each worker reads everything and keeps its share of every batch), OFF (no sharding: every worker
+trains on the same examples), or AUTO (FILE where the data comes from files, else DATA).
+``--show-input`` prints which examples each worker gets in its first two steps under each.
+
 Each worker prints one line per step and writes its final weights to ``--out``; every worker
 must end with the same weights. ``--try-fit`` first tries Keras ``fit`` under this strategy and
 reports how it fails with Keras 3 (keras-team/keras#20585) before running the custom loop.
@@ -34,7 +46,10 @@ import atexit
 import gc
 import json
 import os
+import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 # Exit about 0.8 s sooner: after importing TensorFlow (and Keras) a process holds some 300,000 Python
@@ -73,11 +88,49 @@ def write_dir(checkpoint_dir: Path, strategy: tf.distribute.Strategy) -> Path:
     return checkpoint_dir / f"temp-{resolver.task_type}-{resolver.task_id}"
 
 
+def show_input(strategy: tf.distribute.Strategy, say: Callable[[str], None], global_batch: int = 8) -> None:
+    """Print which examples this worker gets in its first two steps, for each way of sharding the input.
+
+    The examples are numbered 0, 1, 2, …; in "files", file f holds 10·f, 10·f + 1, … ."""
+    def first_two(distributed: object) -> str:
+        batches = iter(distributed)
+        return ", ".join(str([int(v) for v in strategy.experimental_local_results(next(batches))[0].numpy()])
+                         for _ in range(2))
+
+    def policy(dataset: tf.data.Dataset, name: str) -> tf.data.Dataset:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, name)
+        return dataset.with_options(options)
+
+    numbers = tf.data.Dataset.range(64).batch(global_batch)
+    for name in ("DATA", "OFF"):
+        say(f"input {name:<13} {first_two(strategy.experimental_distribute_dataset(policy(numbers, name)))}")
+    folder = Path(tempfile.mkdtemp())  # four files of 8 records each, this worker's own copy
+    try:
+        for f in range(4):
+            (folder / f"part-{f}.txt").write_text("\n".join(str(10 * f + i) for i in range(8)))
+        files = tf.data.Dataset.list_files(str(folder / "part-*.txt"), shuffle=False)
+        records = files.interleave(tf.data.TextLineDataset, cycle_length=1).map(
+            lambda line: tf.strings.to_number(line, tf.int64)).batch(global_batch)
+        by_file = strategy.experimental_distribute_dataset(policy(records, "FILE"))
+        say(f"input {'FILE (files)':<13} {first_two(by_file)}")
+    finally:
+        shutil.rmtree(folder)
+
+    def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return (tf.data.Dataset.range(64).shard(context.num_input_pipelines, context.input_pipeline_id)
+                .batch(context.get_per_replica_batch_size(global_batch)))
+    say(f"input {'from_function':<13} {first_two(strategy.distribute_datasets_from_function(per_worker))}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cluster", choices=["tf_config", "slurm"], default="tf_config")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--per-worker-batch", type=int, default=32)
+    parser.add_argument("--per-worker-batch", type=int, default=32,
+                        help="examples each worker trains on per step (split between its replicas)")
+    parser.add_argument("--show-input", action="store_true",
+                        help="first print which examples each worker gets, for each way of sharding the input")
     parser.add_argument("--out", type=Path, default=None, help="folder for each worker's final weights")
     parser.add_argument("--try-fit", action="store_true", help="first try Keras fit under this strategy")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="Slurm: GPUs per node (else nvidia-smi)")
@@ -104,14 +157,20 @@ def main() -> None:
         parser.error(f"{stall}: this cluster's workers are numbered 0 to {workers_in_cluster - 1}; give one of "
                      "them (a chief task can't be stalled)")
     task = f"{resolver.task_type}:{resolver.task_id}"
-    workers = strategy.num_replicas_in_sync
+    local_replicas = len(strategy.extended.worker_devices)  # this worker's GPUs (or its one CPU)
+    workers = strategy.num_replicas_in_sync // local_replicas
+    if args.per_worker_batch % local_replicas:
+        parser.error(f"--per-worker-batch {args.per_worker_batch}: each worker has {local_replicas} replicas, which "
+                     f"share its batch equally; give a multiple of {local_replicas}")
     global_batch = args.per_worker_batch * workers
     started = time.time()
 
     def say(message: str) -> None:
         print(f"[{task} +{time.time() - started:5.2f}s] {message}", flush=True)
 
-    say(f"cluster {json.dumps(resolver.cluster_spec().as_dict())}, {workers} replicas in sync")
+    say(f"cluster {json.dumps(resolver.cluster_spec().as_dict())}, {strategy.num_replicas_in_sync} replicas in sync")
+    if args.show_input:
+        show_input(strategy, say)
     rng = np.random.default_rng(0)  # the same data on every worker; the strategy shards it
     x = rng.normal(size=(2048, 16)).astype("float32")
     y = (x @ rng.normal(size=(16, 1)) > 0).astype("int32").ravel()
@@ -137,11 +196,15 @@ def main() -> None:
         mine = write_dir(args.checkpoint_dir, strategy)
         manager = tf.train.CheckpointManager(checkpoint, str(mine), max_to_keep=2)
 
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)
-    dataset = dataset.skip(int(step.numpy()))  # a resumed run reads the batches an unbroken run would
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = dataset.with_options(options)
+    done = int(step.numpy())
+
+    def worker_input(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        """This worker's own pipeline: every n-th example of n pipelines, batched per replica."""
+        shard = tf.data.Dataset.from_tensor_slices((x, y)).shard(context.num_input_pipelines, context.input_pipeline_id)
+        # a resumed run reads the batches an unbroken run would: each step took one batch per local replica
+        return shard.repeat().batch(context.get_per_replica_batch_size(global_batch)).skip(done * local_replicas)
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(global_batch)  # for --try-fit only
 
     if args.try_fit:
         try:
@@ -166,7 +229,7 @@ def main() -> None:
             return loss
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step, args=next(iterator)), axis=None)
 
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    iterator = iter(strategy.distribute_datasets_from_function(worker_input))
     while int(step.numpy()) < args.steps:
         loss = float(train_step(iterator))
         step.assign_add(1)

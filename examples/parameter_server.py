@@ -5,14 +5,27 @@ TensorFlow's own tutorial does; on a real cluster each task is a separate proces
 its TF_CONFIG, and this script would be the coordinator. The coordinator schedules steps; each
 runs on whichever worker is free, reads the variables from the parameter server, and writes its
 update back without waiting for the others. Steps therefore finish out of order, and a step may
-use weights that other steps have already changed (stale gradients).
+use weights that other steps have already changed (stale gradients). Every fourth step does more
+work than the others, and step 0 stands for a slow worker: it starts its work only once another
+step's update has landed, so it always finishes after at least one step scheduled later, with a
+gradient at least one update stale.
 
 Prints one JSON line: the order steps were scheduled in, the order they finished in, each
 step's staleness (how many other updates reached the parameter server between the step reading
-the weights and applying its own update; it depends on which steps happened to overlap), the
-number of updates the parameter server applied, and the final loss. ``--try-fit`` first tries
-Keras 3 ``fit`` under this strategy and reports how it fails (Keras 3 has no ClusterCoordinator
-support; tf-keras 2's ``fit`` had), in the JSON's "fit" field.
+the weights and applying its own update; it depends on which steps happened to overlap, and it is
+approximate: the weights and the update counter are two variables, updated one after the other,
+not together), the number of updates the parameter server applied, and the final loss.
+``--try-fit`` first tries Keras 3 ``fit`` under this strategy and reports how it fails (Keras 3 has
+no ClusterCoordinator support; tf-keras 2's ``fit`` had), in the JSON's "fit" field.
+
+**Losing a task.** ``--processes`` runs each worker and the parameter server as a process of its
+own (this script, with ``--serve``), as on a real cluster. ``--kill worker`` kills worker 1 once a
+few steps have updated the weights: the coordinator notices (its requests to the dead worker fail),
+puts that worker's unfinished steps back in its queue, and the other workers run them, so every
+scheduled step still returns. A step runs at least once, not exactly once: one that had already
+updated the weights when its worker died runs, and updates, again. ``--kill ps`` kills the parameter
+server instead: the coordinator's ``join`` raises ``UnavailableError`` (reported in the JSON's
+"error" field), and the job must be restarted, the coordinator too, from a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +35,11 @@ import atexit
 import gc
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 # Exit about 0.8 s sooner: after importing TensorFlow (and Keras) a process holds some 300,000 Python
 # objects, and Python's garbage collector sweeps them as it shuts down, just before the OS frees the
@@ -47,21 +64,55 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
+def serve(spec: dict, job: str, index: int) -> None:
+    """Run one task of the cluster (a worker or the parameter server) until this process is stopped."""
+    server = tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job, task_index=index, protocol="grpc",
+                                  start=True)
+    print(f"serving {job}:{index}", flush=True)
+    server.join()
+
+
+def start_servers(spec: dict, workers: int, in_process: bool) -> list:
+    """The cluster's tasks: in-process servers (TensorFlow's tutorial), or one process each (a real cluster)."""
+    cluster = tf.train.ClusterSpec(spec)
+    tasks = [("worker", i) for i in range(workers)] + [("ps", 0)]
+    if in_process:
+        # In-process workers need enough inter-op threads, or they wait on each other (TF's tutorial).
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(os.cpu_count() or 1, workers + 1))
+        return [tf.distribute.Server(cluster, job_name=job, task_index=i, config=config if job == "worker" else None,
+                                     protocol="grpc", start=True) for job, i in tasks]
+    processes = [subprocess.Popen([sys.executable, __file__, "--serve", job, str(i), "--cluster", json.dumps(spec)],
+                                  stdout=subprocess.PIPE, text=True) for job, i in tasks]
+    for process in processes:  # each says so once its server listens
+        if not (process.stdout.readline() or "").startswith("serving"):
+            raise RuntimeError("a parameter-server task failed to start; run it alone to see why")
+    return processes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--try-fit", action="store_true", help="first try Keras fit under this strategy")
+    parser.add_argument("--processes", action="store_true", help="run each task as a process of its own")
+    parser.add_argument("--kill", choices=["worker", "ps"],
+                        help="with --processes: kill worker 1, or the parameter server, once some steps have updated")
+    parser.add_argument("--serve", nargs=2, metavar=("JOB", "INDEX"), help=argparse.SUPPRESS)
+    parser.add_argument("--cluster", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve(json.loads(args.cluster), args.serve[0], int(args.serve[1]))
+        return
+    if args.kill and not (args.processes and args.workers >= 2):
+        parser.error(f"--kill {args.kill} needs --processes and --workers 2 or more: a task in this process can't "
+                     "be killed alone, and the job needs another worker to carry on")
 
     ports = free_ports(args.workers + 1)
     spec = {"worker": [f"127.0.0.1:{p}" for p in ports[:-1]], "ps": [f"127.0.0.1:{ports[-1]}"]}
     cluster = tf.train.ClusterSpec(spec)
-    # In-process workers need enough inter-op threads, or they wait on each other (TF's tutorial).
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=max(os.cpu_count() or 1, args.workers + 1))
-    servers = [tf.distribute.Server(cluster, job_name="worker", task_index=i, config=config, protocol="grpc",
-                                    start=True) for i in range(args.workers)]
-    servers.append(tf.distribute.Server(cluster, job_name="ps", task_index=0, protocol="grpc", start=True))
+    servers = start_servers(spec, args.workers, in_process=not args.processes)
+    if args.processes:  # leave no task behind, however this process ends
+        atexit.register(lambda: [p.kill() for p in servers if p.poll() is None])
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
     strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -83,14 +134,27 @@ def main() -> None:
         version = tf.Variable(0, dtype=tf.int64, name="version")  # updates the parameter server has applied
         target = tf.constant(tf.linspace(-1.0, 1.0, 16)[:, None])
 
+    workers = args.workers
+    last_update = tf.constant(args.workers + args.steps - 1, tf.int64)  # warm-ups, then every step but step 0
+
     @tf.function
     def step(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
             seen = version.read_value()  # the weights' version this step starts from
             with tf.control_dependencies([seen]):
                 current = w.read_value()  # read right after the version: the weights this step uses
-            # uneven work, done only after both reads: every fourth step (0, 4, 8, ...) does 6 big products
+            # step 0 stands for a slow worker: it starts only once another step's update has landed (with
+            # two workers or more), so it can't finish first, and its gradient is at least 1 update stale
+            # (and none is left to wait for once every other step has updated: a rerun after a lost worker)
+            wait = tf.logical_and(tf.equal(index, 0), workers > 1)
+
+            def waiting(n: tf.Tensor) -> tf.Tensor:
+                now = version.read_value()
+                return tf.logical_and(wait, tf.logical_and(now <= seen, now < last_update))
             with tf.control_dependencies([current]):
+                waited = tf.while_loop(waiting, lambda n: n + 1, [tf.constant(0)], maximum_iterations=100_000)
+            # uneven work, done only after both reads: every fourth step (0, 4, 8, ...) does 6 big products
+            with tf.control_dependencies([current, waited]):
                 x = tf.random.stateless_normal((256, 16), seed=tf.stack([index, 0]))
                 heavy = tf.equal(tf.math.floormod(index, 4), 0)
                 busy = tf.zeros((768, 768))
@@ -108,14 +172,32 @@ def main() -> None:
     for warm_up in range(args.workers):  # every worker connects and builds the step first
         coordinator.schedule(step, args=(tf.constant(1001 + 4 * warm_up),))
     coordinator.join()
+    warm_ups = int(version.numpy())
     results = [coordinator.schedule(step, args=(tf.constant(i),)) for i in range(args.steps)]
-    coordinator.join()
-    fetched = [r.fetch() for r in results]
-    finished = [int(i) for i, _, _, _ in sorted(fetched, key=lambda r: float(r[1]))]
-    print(json.dumps({"scheduled": list(range(args.steps)), "finished": finished,
-                      "staleness": [int(r[3]) for r in fetched], "updates": int(version.numpy()),
-                      "final_loss": float(fetched[-1][2]),
-                      "cluster": spec, "fit": fit}), flush=True)
+    error = None
+    if args.kill:
+        while int(version.numpy()) - warm_ups < 2:  # a few steps' updates have reached the parameter server
+            time.sleep(0.01)
+        victim = servers[1] if args.kill == "worker" else servers[-1]  # worker 1, or the parameter server
+        victim.send_signal(signal.SIGKILL)  # a machine failure
+        victim.wait()
+    try:
+        coordinator.join()
+    except tf.errors.UnavailableError as lost:  # the parameter server is gone: nothing can go on
+        error = f"{type(lost).__name__}: {str(lost).strip().splitlines()[0][:120]}"
+    if error is not None:
+        print(json.dumps({"scheduled": list(range(args.steps)), "error": error, "cluster": spec}), flush=True)
+    else:
+        fetched = [r.fetch() for r in results]
+        finished = [int(i) for i, _, _, _ in sorted(fetched, key=lambda r: float(r[1]))]
+        print(json.dumps({"scheduled": list(range(args.steps)), "finished": finished,
+                          "staleness": [int(r[3]) for r in fetched], "updates": int(version.numpy()),
+                          "warm_up_updates": warm_ups, "killed": args.kill, "final_loss": float(fetched[-1][2]),
+                          "cluster": spec, "fit": fit, "error": None}), flush=True)
+    if args.processes:  # the coordinator's thread for a dead worker waits for it to come back: don't wait
+        for process in servers:
+            process.kill()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -496,11 +496,14 @@ def gradient_allreduces(strategy: Any, model: Any, bytes_per_pack: int | None = 
     """How many all-reduces one replica launches for ``model``'s gradients in one step, counted in the graph.
 
     ``bytes_per_pack=None`` traces the step Keras 3 runs: ``optimizer.apply_gradients`` inside
-    ``strategy.run`` all-reduces every gradient together, in one pack (one all-reduce that
-    waits for the last gradient). An integer traces a custom step that all-reduces the
+    ``strategy.run`` all-reduces every gradient with the strategy's own communication options:
+    under MirroredStrategy, which has none to set, in one pack (one all-reduce that waits for
+    the last gradient); under MultiWorkerMirroredStrategy, in the packs its
+    ``communication_options`` ask for. An integer traces a custom step that all-reduces the
     gradients itself with ``tf.distribute.experimental.CommunicationOptions(bytes_per_pack=…)``,
     which packs them into groups of about that many bytes, one all-reduce each. Only the
-    collective all-reduce (MirroredStrategy's default) packs. Nothing runs: the graph is only traced.
+    collective all-reduce (MirroredStrategy's default) packs. Nothing runs: the graph is only
+    traced. Counted per replica of this process.
     """
     tf = quiet.import_tensorflow()
     import keras
@@ -523,4 +526,5 @@ def gradient_allreduces(strategy: Any, model: Any, bytes_per_pack: int | None = 
         return tf.distribute.get_replica_context().all_reduce("sum", grads, options=options)
 
     step = tf.function(lambda: strategy.run(replica_step))
-    return traced_ops(step).get("CollectiveReduceV2", 0) // strategy.num_replicas_in_sync
+    local_replicas = len(strategy.extended.worker_devices)  # this process's replicas (all of them, on one machine)
+    return traced_ops(step).get("CollectiveReduceV2", 0) // local_replicas

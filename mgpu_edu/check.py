@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mgpu_edu.devices import default_memory_limit_mb
-from mgpu_edu.memory import ZERO_STAGES, model_states
+from mgpu_edu.memory import USABLE_FRACTION, ZERO_STAGES, model_states
 from mgpu_edu.mirrored import fit_example_weights, replica_shares
 from mgpu_edu.parallel import shard_sizes
 from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
@@ -81,12 +81,13 @@ def placed_on(tensor: Any, device: str, expected: float | None = None) -> Feedba
                                 f"your computation returns, not a Python or NumPy value.{hint}")
     value = _as_number(tensor)
     if _device_key(where) == _device_key(device) and expected is not None and (
-            value is None or not math.isclose(value, expected, rel_tol=1e-6)):
+            value is None or not _close(value, expected, rel_tol=1e-6)):
         shape = getattr(tensor, "shape", None)
+        shown, wanted = _both(value, expected) if value is not None else ("", _show(expected))
         got = (f"a tensor of shape {tuple(shape)}, not the single number" if value is None and shape is not None
-               else "something other than" if value is None else f"{_show(value)}, not")
+               else "something other than" if value is None else f"{shown}, not")
         return _report("wrong", f"your tensor lives on the right device, but it holds {got} "
-                                f"{_show(expected)}. Compute the sum the exercise asks for.")
+                                f"{wanted}. Compute the sum the exercise asks for.")
     if _device_key(where) == _device_key(device):
         return _report("correct", f"the result lives on {where}. Pinning work like this is how "
                                   "lesson 02 gives each device its own share of a batch.")
@@ -113,25 +114,71 @@ def memory_split(answer: Any, total_mb: int = 15360, n: int = 5) -> Feedback:
     return _report("wrong", f"{_show(answer)} MB is not it: {hint}")
 
 
-def _as_number(answer: Any) -> float | None:
-    """answer as a float if it is a real number of any kind a learner can produce, else None.
+#: Machine epsilon of the floating dtypes a learner's answer can arrive in (NumPy's and TensorFlow's names).
+_EPSILON = {"float16": 2.0 ** -10, "half": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23,
+            "float": 2.0 ** -23, "single": 2.0 ** -23}
+
+
+class _Number(float):
+    """A learner's number as a float that remembers how precise its own dtype is.
+
+    ``precision`` is the relative tolerance the answer deserves: a float32 answer is right to
+    about 1e-7 of its value, a Python float (float64) to far less, but a formula evaluated in
+    a few steps may round, so no answer is held to better than 1e-9.
+    """
+
+    precision: float
+
+    def __new__(cls, value: float, dtype_name: str = "float64") -> _Number:
+        number = super().__new__(cls, value)
+        number.precision = max(1e-9, 4 * _EPSILON.get(dtype_name, 0.0))
+        return number
+
+
+def _as_number(answer: Any) -> _Number | None:
+    """answer as a float (a :class:`_Number`) if it is a real number of any kind a learner can produce, else None.
 
     Python ints and floats, NumPy scalars (np.int64, np.float32) and 0-d arrays, and scalar
-    TensorFlow tensors all count; bools, strings and containers don't.
+    TensorFlow tensors all count; bools, strings and containers don't. The number keeps the
+    precision of its dtype, so a float32 answer is judged to float32's precision.
     """
     if isinstance(answer, bool):
         return None
-    if isinstance(answer, numbers.Real):
-        return float(answer)
+    if isinstance(answer, numbers.Real) and not hasattr(answer, "dtype"):
+        return _Number(float(answer))
+    dtype = getattr(answer, "dtype", None)
+    dtype_name = str(getattr(dtype, "name", dtype))
     if hasattr(answer, "numpy") and callable(answer.numpy):  # a TensorFlow scalar
         try:
             answer = answer.numpy()
         except Exception:  # whatever it is, it isn't a number we can read
             return None
+    if isinstance(answer, bool):
+        return None
+    if isinstance(answer, numbers.Real) and not hasattr(answer, "dtype"):
+        return _Number(float(answer), dtype_name)
     kind = getattr(getattr(answer, "dtype", None), "kind", None)
-    if getattr(answer, "shape", None) == () and kind in ("i", "u", "f"):  # a NumPy 0-d array or scalar
-        return float(answer)
+    if getattr(answer, "shape", None) == () and kind in ("i", "u", "f", "V"):  # NumPy 0-d (bfloat16's kind is V)
+        try:
+            return _Number(float(answer), dtype_name)
+        except (TypeError, ValueError):
+            return None
     return None
+
+
+def _close(answer: float, expected: float, rel_tol: float = 0.0, abs_tol: float = 0.0) -> bool:
+    """answer equals expected within the given tolerances, or within the precision of the answer's own dtype."""
+    precision = getattr(answer, "precision", 1e-9)
+    return math.isclose(answer, expected, rel_tol=max(rel_tol, precision), abs_tol=abs_tol)
+
+
+def _both(got: float, want: float) -> tuple[str, str]:
+    """got and want printed with just enough digits to show that they differ (never '2.33333, expected 2.33333')."""
+    for digits in range(6, 18):
+        shown = f"{got:.{digits}g}", f"{want:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(float(got)), repr(float(want))
 
 
 def _whole_numbers(values: Any) -> list[int] | None:
@@ -168,10 +215,11 @@ def _judge(answer: float, expected: float, correct: str, mistakes: Sequence[tupl
     """One numeric check: the right answer, then each typical mistake with its hint, then the general rule.
 
     ``mistakes`` pairs a wrong value (or a tuple of them) with the hint it earns; ``otherwise``
-    follows "<answer> is not it". With both tolerances 0 the answer must match exactly.
+    follows "<answer> is not it". With both tolerances 0 the answer must match to the precision of
+    its own dtype (:func:`_as_number`): a float32 answer to float32's, any answer to 1e-9.
     """
     def near(value: float) -> bool:
-        return math.isclose(answer, value, rel_tol=rel_tol, abs_tol=abs_tol)
+        return _close(answer, value, rel_tol, abs_tol)
 
     if near(expected):
         return _report("correct", correct)
@@ -281,13 +329,14 @@ def combine_function(fn: Any) -> Feedback:
                                     "one number, the mean gradient of the whole batch.")
         got = number
         want = sum(sums) / sum(counts)
-        if abs(got - want) > 1e-9:
+        if not _close(got, want):
             mean_of_means = sum(s / c for s, c in zip(sums, counts, strict=True) if c) / len(sums)
-            if abs(got - mean_of_means) < 1e-9:
-                return _report("wrong", f"combine({sums}, {counts}) = {got:g} is the mean of the towers' means. "
+            shown, wanted = _both(got, want)
+            if _close(got, mean_of_means):
+                return _report("wrong", f"combine({sums}, {counts}) = {shown} is the mean of the towers' means. "
                                         f"With uneven towers that over-weights the small one: add the sums and "
-                                        f"divide by all {sum(counts)} examples ({want:g}).")
-            return _report("wrong", f"combine({sums}, {counts}) = {got:g}, expected {want:g}.")
+                                        f"divide by all {sum(counts)} examples ({wanted}).")
+            return _report("wrong", f"combine({sums}, {counts}) = {shown}, expected {wanted}.")
     return _report("correct", "sum of tower sums ÷ total examples is exactly the single-device mean, whatever "
                               "the shard sizes: what a correct custom step does (lesson 06). Keras's fit averages "
                               "per-replica means instead, which lesson 04 catches on the short last batch.")
@@ -390,11 +439,15 @@ def scaled_lr(answer: Any, base_lr: float, base_batch: int, replicas: int, per_r
     early, answer = _read_number(answer, "set `answer` to a learning rate.", "a number")
     if early is not None:
         return early
-    expected = base_lr * per_replica * replicas / base_batch
-    return _judge(answer, expected, f"{expected:g}: the global batch grew {per_replica * replicas / base_batch:g}×, "
+    factor = per_replica * replicas / base_batch
+    expected = base_lr * factor
+    return _judge(answer, expected, f"{expected:g}: the global batch grew {factor:g}×, "
                   "so does the rate. Watch the loss: the rule breaks at large factors.", [
                       (base_lr, "that keeps the rate: with fewer, bigger steps per epoch training slows down. "
                                 "Multiply by how much the global batch grew."),
+                      (base_lr * math.sqrt(factor), f"that is the square-root rule (× √{factor:g}), the usual start "
+                                                    "for Adam and its relatives. The exercise asks for the linear "
+                                                    f"rule, SGD's: multiply by the factor itself, {factor:g}."),
                       (base_lr / replicas, "that divides. A bigger batch gives a less noisy gradient, so the rule "
                                            "multiplies.")],
                   ": rate × (global batch ÷ the batch it was tuned for).", rel_tol=1e-6)
@@ -526,13 +579,18 @@ def staleness(answer: Any, workers: int) -> Feedback:
 
 def zero_stage_that_fits(answer: Any, params: float, devices: int, gpu_gb: float, optimizer: str = "adam",
                          precision: str = "mixed") -> Feedback:
-    """Lesson 10, exercise 1: the lowest ZeRO stage whose model states fit in gpu_gb (decimal GB) per device."""
+    """Lesson 10, exercise 1: the lowest ZeRO stage whose model states fit on a card of gpu_gb (decimal GB).
+
+    "Fit" means what it means in the lesson (:func:`mgpu_edu.memory.fits`): at most
+    ``USABLE_FRACTION`` (90 %) of the card, the rest left for what the count leaves out.
+    """
     early, answer = _read_number(answer, "set `answer` to a ZeRO stage, 0 to 3.", "a stage number", whole=True)
     if early is not None:
         return early
     totals = {stage: model_states(params, devices, stage, optimizer, precision).total / 1e9
               for stage in ZERO_STAGES}
-    fitting = [stage for stage in ZERO_STAGES if totals[stage] <= gpu_gb]
+    usable = USABLE_FRACTION * gpu_gb
+    fitting = [stage for stage in ZERO_STAGES if totals[stage] <= usable]
     if not fitting:
         return _report("wrong", "no stage fits here; the exercise expects one that does.")
     expected = fitting[0]
@@ -548,8 +606,10 @@ def zero_stage_that_fits(answer: Any, params: float, devices: int, gpu_gb: float
                                 "same and stage 3 1.5×; with gradient accumulation, each higher stage sends more): "
                                 "pick the lowest.")
     if answer in totals:
-        return _report("wrong", f"stage {int(answer)} needs {totals[int(answer)]:.1f} GB per device: more than "
-                                f"{gpu_gb:g} GB. Shard more.")
+        over = ("more than the whole card" if totals[int(answer)] > gpu_gb else
+                f"it fits on the {gpu_gb:g} GB card only without the 10 % the lesson keeps spare")
+        return _report("wrong", f"stage {int(answer)} needs {totals[int(answer)]:.1f} GB per device: {over} "
+                                f"(memory.fits allows {usable:g} GB). Shard more.")
     return _report("wrong", f"{_show(answer)} is not a ZeRO stage: they are 0, 1, 2 and 3.")
 
 

@@ -347,6 +347,11 @@ def set_defaults(manifest: Path, repo: str, ref: str) -> bool:
 _CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
 
 
+#: A path that only exists on the machine that ran a lesson: a home or work folder, a temporary one,
+#: an installed package's file (a warning quotes one), a Windows drive.
+_MACHINE_PATH = re.compile(r"(?:/home/|/root/|/work/|/Users/|/tmp/|/private/var/|site-packages|\b[A-Z]:\\)\S*")
+
+
 def lesson_problems(course: Course, lesson: Lesson) -> list[str]:
     """Everything in a lesson notebook that disagrees with the lesson template or the manifest.
 
@@ -354,8 +359,9 @@ def lesson_problems(course: Course, lesson: Lesson) -> list[str]:
     badge row and the guarded Colab install cell (the first code cell) built from the course's
     repo and ref; the template's sections in order, numbered ones as "## N · Title"; the learner
     time the manifest gives; ``setup_devices`` with its banner checked (or, for a lesson whose
-    kernel doesn't import TensorFlow, neither); exactly the manifest's exercise checks; and
-    fresh, tidy execution (counts 1, 2, 3 … and no run metadata).
+    kernel doesn't import TensorFlow, neither); exactly the manifest's exercise checks; stored
+    outputs that quote no path of the machine that ran them; and fresh, tidy execution
+    (counts 1, 2, 3 … and no run metadata).
     """
     import nbformat
 
@@ -400,6 +406,14 @@ def lesson_problems(course: Course, lesson: Lesson) -> list[str]:
     if tuple(calls) != lesson.checks:
         problem(f"its exercises call check.{', check.'.join(calls) or '(nothing)'}; the manifest lists "
                 f"{list(lesson.checks)}")
+    for number, cell in enumerate(code, start=1):
+        for output in cell.get("outputs", []):
+            shown = output.get("text", "") + str(output.get("data", {}).get("text/plain", ""))
+            found = _MACHINE_PATH.search(shown)
+            if found:
+                problem(f"code cell {number}'s stored output quotes a path of the machine that ran it "
+                        f"({found.group(0)!r}): print what learners need without it (a warning's message, "
+                        "a file's name)")
     counts = [cell.execution_count for cell in code]
     if counts != list(range(1, len(counts) + 1)):
         problem("it is not freshly executed top to bottom; run make lessons")

@@ -288,9 +288,13 @@ def compare_fit(build_model: Callable[[], Any], x: Any, y: Any, global_batch: in
 # ----------------------------------------------------------------------------- a custom training step
 
 
+#: How :func:`make_train_step` adds the model's regularization losses (``model.losses``) to each replica's loss.
+REGULARIZATION = ("scaled", "per_replica")
+
+
 def make_train_step(strategy: Any, model: Any, optimizer: Any, per_example_loss: Callable[[Any, Any], Any],
                     metrics: Sequence[Any] = (), divide_by: int | None = None,
-                    build_optimizer: bool = True) -> Any:
+                    build_optimizer: bool = True, regularization: str = "scaled") -> Any:
     """A ``tf.function`` training step under ``strategy``: ``train_step(batch)`` returns the batch's mean loss.
 
     Each replica returns its loss *sum* ÷ the **real** size of this global batch, which the
@@ -299,6 +303,12 @@ def make_train_step(strategy: Any, model: Any, optimizer: Any, per_example_loss:
     every step, the short last batch and empty replicas included, is exactly the one-device
     step on the whole batch. ``divide_by=N`` divides by a constant instead: the common
     mistake, kept so a lesson can show it (right only for full batches).
+
+    A regularized model's penalties (``model.losses``, e.g. L2 on its kernels) are the same on
+    every replica, and the all-reduce adds the replicas' gradients, so each replica adds
+    ``tf.nn.scale_regularization_loss(...)``: the penalty ÷ the number of replicas, which sums
+    back to one penalty. ``regularization="per_replica"`` adds the whole penalty on every
+    replica instead: the mistake that counts it N times, kept so a lesson can show it.
 
     Optimizers with slot variables (Adam, RMSprop, SGD with momentum) must be built in the
     strategy's scope before ``strategy.run`` traces ``apply_gradients``; this does it
@@ -313,6 +323,14 @@ def make_train_step(strategy: Any, model: Any, optimizer: Any, per_example_loss:
     tf = quiet.import_tensorflow()
     if divide_by is not None:
         _positive("divide_by", divide_by)
+    one_of("regularization", regularization, REGULARIZATION)
+    counter = getattr(getattr(optimizer, "iterations", None), "value", None)
+    if strategy.num_replicas_in_sync > 1 and counter is not None and not isinstance(
+            counter, tf.distribute.DistributedValues):
+        raise BadArgument(f"optimizer={type(optimizer).__name__} was created outside strategy.scope(): its variables "
+                          "(its step counter, Adam's moments) then live once, not once per replica, and every "
+                          f"replica updates them ({strategy.num_replicas_in_sync} counts per step). Create it "
+                          "inside `with strategy.scope():`, with the model.")
     if build_optimizer and not optimizer.built:
         with strategy.scope():
             optimizer.build(model.trainable_variables)  # slots (Adam's m and v) made here, mirrored
@@ -325,6 +343,9 @@ def make_train_step(strategy: Any, model: Any, optimizer: Any, per_example_loss:
         with tf.GradientTape() as tape:
             logits = model(x, training=True)
             loss = tf.nn.compute_average_loss(per_example_loss(y, logits), global_batch_size=global_size)
+            if model.losses:  # the regularizers' penalties: one per replica, all-reduced into N of them
+                penalty = tf.add_n(model.losses)
+                loss += tf.nn.scale_regularization_loss(penalty) if regularization == "scaled" else penalty
         gradients = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))  # all-reduce (add), update
         for metric in metrics:

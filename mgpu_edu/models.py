@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from mgpu_edu import quiet
+from mgpu_edu._validate import BadArgument
 
 
-def mlp(inputs: int = 64, classes: int = 10, hidden: Sequence[int] = (64,), seed: int = 0) -> Any:
+def mlp(inputs: int = 64, classes: int = 10, hidden: Sequence[int] = (64,), seed: int = 0, l2: float = 0.0) -> Any:
     """A small classifier that outputs logits: Dense(ReLU) layers then Dense(classes).
 
     Same seed, same starting weights, so two copies can be compared step by step.
-    Runs on logical CPUs as well as GPUs.
+    ``l2`` > 0 puts an L2 regularizer of that factor on every kernel: its penalties appear in
+    ``model.losses``. Runs on logical CPUs as well as GPUs.
 
     Example:
         >>> model = mlp(64, 10, hidden=(32,))  # doctest: +SKIP
@@ -22,10 +24,14 @@ def mlp(inputs: int = 64, classes: int = 10, hidden: Sequence[int] = (64,), seed
     quiet.import_tensorflow()
     import keras
 
+    if not (isinstance(l2, (int, float)) and not isinstance(l2, bool) and l2 >= 0):
+        raise BadArgument(f"l2={l2!r}: give the L2 factor as a number, 0 or more (e.g. l2=1e-3), or 0 for none.")
     keras.utils.set_random_seed(seed)
+    regularizer = {"kernel_regularizer": keras.regularizers.L2(l2)} if l2 else {}
     layers = [keras.Input((inputs,))]
-    layers += [keras.layers.Dense(width, activation="relu", name=f"hidden{i}") for i, width in enumerate(hidden)]
-    layers.append(keras.layers.Dense(classes, name="logits"))
+    layers += [keras.layers.Dense(width, activation="relu", name=f"hidden{i}", **regularizer)
+               for i, width in enumerate(hidden)]
+    layers.append(keras.layers.Dense(classes, name="logits", **regularizer))
     return keras.Sequential(layers, name="mlp")
 
 

@@ -14,16 +14,25 @@ from mgpu_edu import quiet
 from mgpu_edu._validate import real_number, whole_number
 
 
-def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
+def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01, decoded: list[int] | None = None) -> Any:
     """A tf.data pipeline whose every batch costs ``delay_s`` of "decoding" (a sleep), done on demand.
 
     It stands in for reading and decoding images from disk: the device waits for each batch.
+    If ``decoded`` is a list, every decode appends 1 to it, so a lesson can count them.
     """
     tf = quiet.import_tensorflow()
     real_number("delay_s", delay_s, minimum=0, example=0.01, hint="It is seconds of decoding per batch.")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).map(_decoder(x, delay_s, decoded))
+
+
+def _decoder(x: Any, delay_s: float, decoded: list[int] | None) -> Callable[[Any, Any], tuple[Any, Any]]:
+    """The pipelines' "decode" step: a sleep of delay_s in a py_function, counted in ``decoded``."""
+    tf = quiet.import_tensorflow()
 
     def decode(features: Any, labels: Any) -> tuple[Any, Any]:
         def work(f: Any) -> Any:
+            if decoded is not None:
+                decoded.append(1)
             time.sleep(delay_s)
             return f
 
@@ -31,17 +40,30 @@ def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
         features.set_shape([None, x.shape[1]])
         return features, labels
 
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).map(decode)
+    return decode
 
 
-def fast_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01) -> Any:
+def parallel_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01, decoded: list[int] | None = None) -> Any:
+    """The same decoding, run on several batches at once (``map(..., num_parallel_calls=AUTOTUNE)``) and
+    ahead of the device (``prefetch(AUTOTUNE)``), but every epoch again: nothing is cached.
+
+    What a dataset too big for memory does. tf.data's autotuner picks how many decodes run at once.
+    """
+    tf = quiet.import_tensorflow()
+    real_number("delay_s", delay_s, minimum=0, example=0.01, hint="It is seconds of decoding per batch.")
+    return (tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+            .map(_decoder(x, delay_s, decoded), num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def fast_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01, decoded: list[int] | None = None) -> Any:
     """The same pipeline with ``cache()`` after the expensive map and ``prefetch(AUTOTUNE)`` at the end.
 
     Epoch 1 still decodes every batch, but while the device trains on the previous one;
-    from epoch 2 on, batches come from memory.
+    from epoch 2 on, batches come from memory: the cache holds the whole decoded dataset in RAM.
     """
     tf = quiet.import_tensorflow()
-    return slow_pipeline(x, y, batch, delay_s).cache().prefetch(tf.data.AUTOTUNE)
+    return slow_pipeline(x, y, batch, delay_s, decoded).cache().prefetch(tf.data.AUTOTUNE)
 
 
 class StepTiming(NamedTuple):

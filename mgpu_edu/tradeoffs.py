@@ -2,7 +2,9 @@
 
 - :func:`checkpointed_step` computes one step's gradients with every ``segment`` consecutive
   layers under ``tf.recompute_grad``: the backward pass runs each segment's forward again
-  instead of keeping its activations. :func:`kept_activations` counts what each way keeps.
+  instead of keeping its activations. :func:`kept_activations` counts what the forward pass
+  keeps each way; :func:`step_memory` reads what TensorFlow's allocator really holds, after the
+  forward pass and at the step's peak.
 - :func:`accumulated_gradients` runs a batch as micro-batches one after another and adds up
   their gradients: divided by the whole batch's size, that is the whole batch's step; divided
   by the number of micro-batches (what Keras 3's ``gradient_accumulation_steps`` does), it is
@@ -11,6 +13,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -75,27 +80,121 @@ def checkpointed_step(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y:
 
 
 def kept_activations(model: Any, batch: int, segment: int | None = None, bytes_per_value: int = 4) -> int:
-    """Bytes of activations held at the peak of the backward pass, counted from the layers' shapes.
+    """Bytes of activations the forward pass keeps for the backward pass, counted from the layers' shapes.
 
     Without recomputation: the input and every layer's output
-    (:func:`mgpu_edu.memory.layer_activations`). With segments of k layers: each segment's input
-    and the logits are kept all along, plus, while one segment is recomputed, the outputs of
-    its own layers; the largest segment sets the peak. With L equal layers and k ≈ √L that is
-    about 2√L layers' outputs instead of L (Chen et al., 2016). Counted, not measured.
+    (:func:`mgpu_edu.memory.layer_activations`). With segments of k layers: only each segment's
+    input and the logits; the backward pass then rebuilds one segment at a time, so its own
+    peak adds that segment's outputs, and more besides (:func:`step_memory` measures it). With L
+    equal layers and k ≈ √L, the forward keeps about √L layers' outputs and one rebuilt segment
+    adds about √L more: 2√L instead of L (Chen et al., 2016). Counted, not measured.
 
     Example:
         >>> kept_activations(models.mlp(64, 10, hidden=(256,) * 8), 512, segment=3)  # doctest: +SKIP
-        2248704
+        1200128
     """
     rows = [nbytes for _, nbytes in layer_activations(model, batch, bytes_per_value)]
     if not segment:
         return sum(rows)
     sizes = [len(g) for g in segments(model, segment)]
     starts = [sum(sizes[:j]) for j in range(len(sizes))]  # rows[start] is segment j's input
-    kept = set(starts) | {len(rows) - 1}
-    interior = [sum(rows[i] for i in range(start + 1, start + size + 1) if i not in kept)
-                for start, size in zip(starts, sizes, strict=True)]
-    return sum(rows[i] for i in kept) + max(interior)
+    return sum(rows[i] for i in {*starts, len(rows) - 1})
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+    """One training step's memory as TensorFlow's allocator reported it, in bytes.
+
+    Every figure is what the allocator held *above* what it held before the step (the weights
+    and the batch, allocated earlier, are not in it):
+
+    - ``kept``: held when the forward pass ended, what waits for the backward pass;
+    - ``peak``: the most held at any moment of the step;
+    - ``gradients``: held once the step ended, the weights' gradients;
+    - ``timeline``: ``(phase, layer, bytes held)`` at every layer boundary, phase "forward",
+      "recompute" (a segment rebuilt in the backward pass) or "backward".
+    """
+
+    kept: int
+    peak: int
+    gradients: int
+    timeline: list[tuple[str, int, int]]
+
+
+def _memory_device(device: str | None) -> str:
+    """The device whose allocator :func:`step_memory` reads, with a clear error where it reports nothing."""
+    tf = quiet.import_tensorflow()
+    if device is None:
+        device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    if "CPU" in device.upper() and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() not in ("1", "true"):
+        raise BadArgument(f"device={device!r}: TensorFlow's CPU allocator counts what it holds only when "
+                          "TF_CPU_ALLOCATOR_USE_BFC=true is set before TensorFlow starts. Set it first thing "
+                          '(os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true", before setup_devices), then restart '
+                          "the kernel and run again. On a GPU TensorFlow always counts.")
+    return device
+
+
+def step_memory(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any, segment: int | None = None,
+                device: str | None = None) -> StepMemory:
+    """Run one step of :func:`checkpointed_step`'s computation eagerly and read its memory from TensorFlow's allocator.
+
+    The step runs eagerly, so each reading is taken at a known point, and a step run twice
+    reads the same, to a few hundred bytes (whatever else runs on the machine). ``device`` is
+    the allocator to read (default: GPU 0 if there is a GPU, else CPU 0, which reports only with
+    ``TF_CPU_ALLOCATOR_USE_BFC=true`` set before TensorFlow starts). A compiled step
+    (``tf.function``) may order and free its work differently, so its peak differs and can change
+    from run to run.
+
+    Example:
+        >>> m = step_memory(models.mlp(64, 10, hidden=(256,) * 8), loss_fn, x, y, segment=3)  # doctest: +SKIP
+        >>> m.kept < m.peak  # doctest: +SKIP
+        True
+    """
+    tf = quiet.import_tensorflow()
+    device = _memory_device(device)
+    groups = segments(model, segment) if segment else [_layers(model)]
+    info = tf.config.experimental.get_memory_info
+    timeline: list[tuple[str, int, int]] = []
+    runs = [0] * len(groups)  # forward runs of each segment: the second is the recomputation
+
+    def read(phase: str, layer: int) -> None:
+        timeline.append((phase, layer, info(device)["current"] - base))
+
+    def probe(h: Any, layer: int, group: int) -> Any:
+        @tf.custom_gradient
+        def identity(value: Any) -> Any:
+            read("recompute" if runs[group] > 1 else "forward", layer)
+
+            def grad(upstream: Any) -> Any:
+                read("backward", layer)
+                return upstream
+            return tf.identity(value), grad
+        return identity(h)
+
+    def run(index: int, group: list[Any], first: int) -> Callable[[Any], Any]:
+        def forward(h: Any) -> Any:
+            runs[index] += 1
+            for offset, layer in enumerate(group):
+                h = probe(layer(h, training=True), first + offset + 1, index)
+            return h
+        return tf.recompute_grad(forward) if segment else forward
+
+    gc.collect()
+    with tf.device(device):
+        base = info(device)["current"]
+        tf.config.experimental.reset_memory_stats(device)
+        with tf.GradientTape() as tape:
+            h, first = x, 0
+            for index, group in enumerate(groups):
+                h = run(index, group, first)(h)
+                first += len(group)
+            loss = tf.reduce_mean(loss_fn(y, h))
+        kept = info(device)["current"] - base
+        grads = tape.gradient(loss, model.trainable_variables)
+        peak = info(device)["peak"] - base
+        held = info(device)["current"] - base
+    del grads, tape, h, loss
+    return StepMemory(int(kept), int(peak), int(held), timeline)
 
 
 def accumulated_gradients(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any, micro_batch: int,

@@ -439,3 +439,28 @@ def draw_zero_layout(stage: int, n: int, ax: Axes) -> Axes:
     ax.set_title(f"ZeRO stage {stage}" + (" (plain data parallelism)" if stage == 0 else ""), fontsize=9)
     ax.axis("off")
     return ax
+
+
+def draw_step_memory(readings: dict, ax: Axes, title: str = "") -> Axes:  # readings: name -> tradeoffs.StepMemory
+    """Lines: bytes held at each layer boundary of one training step (forward, rebuilt, backward); dashes: each peak."""
+    markers = {"forward": "o", "recompute": "^", "backward": "s"}
+    for k, (name, memory) in enumerate(readings.items()):
+        color = device_color(k)
+        held = [nbytes / 2**20 for _, _, nbytes in memory.timeline]
+        ax.plot(range(len(held)), held, color=color, linewidth=1.2,
+                label=f"{name} (peak {memory.peak / 2**20:.1f} MiB)")
+        for phase, marker in markers.items():
+            points = [(i, v) for i, ((p, _, _), v) in enumerate(zip(memory.timeline, held, strict=True)) if p == phase]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker, color=color, markersize=3.5,
+                        label=phase if k == len(readings) - 1 else None, markerfacecolor="white" if
+                        phase == "recompute" else color)
+        ax.axhline(memory.peak / 2**20, color=color, linestyle="--", linewidth=0.8)
+    ax.set_xlabel("reading, at each layer boundary in the order the step ran", fontsize=8)
+    ax.set_ylabel("MiB held (above the weights)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.set_ylim(bottom=0)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    return ax

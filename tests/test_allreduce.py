@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -161,6 +164,22 @@ def test_oracle_keras_all_reduces_every_gradient_in_one_pack(four_devices):
     assert allreduce.gradient_allreduces(strategy, model, bytes_per_pack=20_000) == 1
     with pytest.raises(ValueError, match="bytes_per_pack=-1"):
         allreduce.gradient_allreduces(strategy, model, bytes_per_pack=-1)
+
+
+def test_oracle_keras_packs_under_multi_worker_strategy_with_communication_options():
+    """Lessons 02 and 08: under MultiWorkerMirroredStrategy, the strategy's communication_options apply to
+    Keras's own apply_gradients too (it all-reduces through the replica context, which merges the
+    strategy's defaults): bytes_per_pack=1,000 splits this model's gradients into 2 all-reduces, as a
+    custom step passing the same options does; 0 keeps one. Two worker processes on this machine."""
+    from mgpu_edu import cluster
+
+    worker = Path(__file__).parent / "workers" / "packs.py"
+    for pack, packs in ((0, 1), (1000, 2)):
+        with cluster.LocalCluster(worker, workers=2, args=[str(pack)]) as job:
+            logs = job.wait(timeout=240)
+        for log in logs:
+            result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
+            assert result == {"replicas": 2, "keras": packs, "custom": packs}, (pack, result)
 
 
 @pytest.mark.widgets

@@ -364,3 +364,70 @@ def test_lost_steps_hints(answer, status_, hint):
 def test_checkpoint_interval_hints(answer, status_, hint):
     feedback = check.checkpoint_interval(answer, save_seconds=30, mtbf_seconds=8 * 3600)
     assert feedback.status == status_ and hint in feedback.message
+
+
+def test_zero_stage_that_fits_means_what_memory_fits_means():
+    """Exercise 1 of lesson 10 and memory.fits agree: model states fit in 90 % of the card, not 100 %."""
+    # 13 B weights on 32 GPUs: stage 2 needs 31.7 GB, which a 34 GB card holds only without the 10 % spare
+    feedback = check.zero_stage_that_fits(2, params=13e9, devices=32, gpu_gb=34)
+    assert feedback.status == "wrong" and "without the 10 %" in feedback.message
+    assert check.zero_stage_that_fits(3, params=13e9, devices=32, gpu_gb=34).correct
+    assert check.zero_stage_that_fits(2, params=13e9, devices=32, gpu_gb=40).correct
+
+
+def test_scaled_lr_recognises_the_square_root_rule():
+    feedback = check.scaled_lr(0.02, base_lr=0.01, base_batch=32, replicas=4, per_replica=32)
+    assert feedback.status == "wrong" and "square-root rule" in feedback.message and "Adam" in feedback.message
+
+
+def _float32_function(fn):
+    """fn computed in float32, as NumPy or TensorFlow code would compute it."""
+    return lambda *args: np.float32(fn(*args))
+
+
+@pytest.mark.parametrize("kind", ["float32", "numpy", "tensor", "tensor16"])
+def test_combine_function_accepts_answers_right_to_their_dtypes_precision(kind):
+    """2.33333 in float32 is right (14 / 6 can't be written exactly in float32), and never reported as wrong."""
+    import tensorflow as tf
+
+    def combine(sums, counts):
+        if kind == "float32":
+            return np.float32(sum(sums)) / np.float32(sum(counts))
+        if kind == "numpy":
+            return np.sum(np.array(sums, np.float32)) / np.sum(np.array(counts, np.float32))
+        if kind == "tensor":
+            return tf.reduce_sum(tf.constant(sums, tf.float32)) / tf.reduce_sum(tf.constant(counts, tf.float32))
+        return tf.cast(tf.reduce_sum(tf.constant(sums)) / tf.reduce_sum(tf.constant(counts, tf.float32)), tf.float16)
+
+    assert check.combine_function(combine).correct
+
+
+def test_a_wrong_answer_is_never_printed_as_equal_to_the_expected_one():
+    """'2.33333, expected 2.33333' would tell a learner nothing: wrong answers are shown with enough digits."""
+    feedback = check.combine_function(lambda s, c: sum(s) / sum(c) + (1e-4 if sum(c) == 6 else 0))
+    assert feedback.status == "wrong"
+    shown, expected = feedback.message.split(" = ")[1].split(", expected ")
+    assert shown != expected.rstrip(".")
+
+
+@pytest.mark.parametrize(("fn", "kwargs", "formula"), [
+    (check.ring_bytes, {"n": 3, "nbytes": 1000}, lambda f: f(2) * f(2) / f(3) * f(1000)),
+    (check.softmax_floor, {"classes": 7}, lambda f: np.log(f(1) + f(6) / f(np.e))),
+    (check.scaled_lr, {"base_lr": 0.003, "base_batch": 48, "replicas": 3, "per_replica": 32},
+     lambda f: f(0.003) * f(96) / f(48)),
+    (check.replica_loss, {"loss_sum": 7.3, "per_replica": 16, "global_batch": 48}, lambda f: f(7.3) / f(48)),
+    (check.allreduce_seconds, {"params": 123e6, "replicas": 3, "gbytes_per_s": 7},
+     lambda f: f(2) * f(2) / f(3) * f(123e6) * f(4) / f(7e9)),
+    (check.model_speedup, {"compute_s": 0.1, "comm_s": 0.03, "replicas": 3}, lambda f: f(0.1) * f(3) / f(0.13)),
+    (check.zero3_bytes, {"n": 7, "params": 1.3e9}, lambda f: f(3) * f(6) / f(7) * f(1.3e9) * f(2)),
+    (check.checkpoint_interval, {"save_seconds": 37, "mtbf_seconds": 30_000}, lambda f: np.sqrt(f(2 * 37 * 30_000))),
+    (check.cross_device_bytes, {"readers": 7, "elements": 1_234_567}, lambda f: f(6) * f(1_234_567) * f(4)),
+])
+def test_every_float_check_accepts_a_float32_answer(fn, kwargs, formula):
+    """Computed in float32 (NumPy scalars or tensors), a right answer is right: judged to float32's precision."""
+    import tensorflow as tf
+
+    assert fn(formula(float), **kwargs).correct
+    assert fn(formula(np.float32), **kwargs).correct
+    assert fn(tf.constant(formula(np.float32)), **kwargs).correct
+    assert fn(formula(float) * 1.05, **kwargs).status == "wrong"  # a real mistake is still one

@@ -3,7 +3,8 @@
 They check what lessons 09 and 11 say TensorFlow and Keras do: Keras 3 fit fails under
 MultiWorkerMirroredStrategy (keras-team/keras#20585) and under ParameterServerStrategy, the custom
 loop keeps every worker's weights identical, parameter-server steps finish out of order with
-stale gradients, and a run whose worker is killed resumes from its last checkpoint to the weights
+stale gradients and survive a lost worker (not a lost parameter server), and a run whose worker
+is killed resumes from its last checkpoint to the weights
 of a run never interrupted, and the surviving worker fails by itself with UnavailableError.
 """
 
@@ -43,7 +44,25 @@ def test_parameter_server_steps_are_stale_and_fit_cannot_drive_them():
     assert result["fit"].startswith("failed with ValueError")  # Keras 3 has no ClusterCoordinator support
     assert sorted(result["finished"]) == result["scheduled"] == list(range(8))
     assert len(result["staleness"]) == 8 and min(result["staleness"]) >= 0
+    assert result["finished"][0] != 0 and result["staleness"][0] >= 1  # the slow step 0 waited for a later one
     assert result["updates"] == 2 + 8  # two warm-up steps and eight: every update landed exactly once
+
+
+@pytest.mark.parametrize("lost", ["worker", "ps"])
+def test_a_parameter_server_job_survives_a_lost_worker_not_a_lost_parameter_server(lost):
+    """Lesson 09: each task a process of its own. Kill worker 1 mid-run: the coordinator reschedules its
+    steps on worker 0 and every step returns, at least once (the parameter server counts an update for
+    every step, and more when a step that had updated ran again). Kill the parameter server: join raises
+    UnavailableError, and the job must be restarted."""
+    with cluster.LocalCluster(EXAMPLES / "parameter_server.py", workers=1,
+                              args=["--steps", "12", "--processes", "--kill", lost]) as job:
+        log = job.wait(timeout=240)[0]
+    result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
+    if lost == "worker":
+        assert result["error"] is None and sorted(result["finished"]) == result["scheduled"] == list(range(12))
+        assert result["warm_up_updates"] + 12 <= result["updates"] <= result["warm_up_updates"] + 12 + 2
+    else:
+        assert result["error"].startswith("UnavailableError")
 
 
 def _weights(folder):

@@ -183,7 +183,8 @@ def test_fit_steps_per_execution_fails_with_replicas_and_steps_per_call_matches_
         for k in (1, 4):
             with strategy.scope():
                 model = models.mlp(64, 10, seed=0)
-            step = mirrored.make_train_step(strategy, model, keras.optimizers.SGD(0.1), models.per_example_loss())
+                optimizer = keras.optimizers.SGD(0.1)
+            step = mirrored.make_train_step(strategy, model, optimizer, models.per_example_loss())
             batches = iter(strategy.experimental_distribute_dataset(
                 tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)))
             call = mirrored.steps_per_call(step, k)
@@ -302,3 +303,50 @@ def test_a_fresh_shuffling_pipeline_reads_epoch_0s_order_first():
     [resumed] = run_fresh(code.replace("PASSES", "1"))["result"]  # a restarted process, resuming at epoch 1
     assert epoch0 != epoch1  # reshuffled each pass
     assert resumed == epoch0  # the resumed epoch 1 reads epoch 0's order, not epoch 1's
+
+
+def test_log_device_placement_turned_on_after_tensorflow_started_prints_nothing():
+    """Lesson 01: tf.debugging.set_log_device_placement(True) logs every placement only when it is turned on
+    before TensorFlow starts; once setup_devices has started it (as in every lesson's kernel), TensorFlow 2.21
+    prints nothing, on stdout or stderr, even with its C++ information lines on."""
+    out = run_fresh("""
+        import os, tempfile
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+        import mgpu_edu
+        mgpu_edu.setup_devices(4, verbose=False)
+        import tensorflow as tf
+        tf.debugging.set_log_device_placement(True)
+        with tempfile.TemporaryFile() as sink:
+            saved = [os.dup(1), os.dup(2)]
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            try:
+                with tf.device("/device:CPU:2"):
+                    (tf.ones((2, 2)) + 1).numpy()
+                tf.function(lambda x: x * 2)(tf.ones(2)).numpy()
+            finally:
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+            sink.seek(0)
+            result = sink.read().decode()
+    """)["result"]
+    assert "Executing op" not in out and "AddV2" not in out and "Mul" not in out, out[:500]
+
+
+def test_an_asynchronous_checkpoint_is_written_in_the_background_and_restores(tmp_path):
+    """Lesson 11 §3: tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True) makes save return
+    while the files are still being written; Checkpoint.sync() waits for them; the checkpoint restores."""
+    import keras
+    import tensorflow as tf
+
+    model = models.mlp(8, 2, hidden=(4,), seed=0)
+    checkpoint = tf.train.Checkpoint(model=model)
+    path = checkpoint.save(str(tmp_path / "ckpt"),
+                           options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True))
+    checkpoint.sync()  # wait for the background write
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint", "ckpt-1.data-00000-of-00001", "ckpt-1.index"]
+    restored = models.mlp(8, 2, hidden=(4,), seed=1)
+    tf.train.Checkpoint(model=restored).restore(path).assert_existing_objects_matched()
+    for a, b in zip(model.get_weights(), restored.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert isinstance(model, keras.Model)

@@ -220,6 +220,33 @@ def test_make_train_step_rejects_a_bad_divisor(four_devices):
         mirrored.make_train_step(None, None, None, None, divide_by=0)
 
 
+def test_make_train_step_refuses_an_optimizer_made_outside_the_scope(four_devices):
+    """Made outside strategy.scope(), an optimizer's step counter is one variable that every replica
+    increments: 2 counts per step on 2 replicas (TensorFlow itself, below). make_train_step says so."""
+    import keras
+    import tensorflow as tf
+
+    strategy = strategies.make_strategy(four_devices[:2])
+    with strategy.scope():
+        model = _linear()
+    outside = keras.optimizers.SGD(0.1)
+    with pytest.raises(ValueError, match="outside strategy.scope"):
+        mirrored.make_train_step(strategy, model, outside, models.per_example_loss())
+
+    @tf.function
+    def step(x, y):
+        def replica(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(models.per_example_loss()(y, model(x)))
+            outside.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                        strict=True))
+        strategy.run(replica, args=(x, y))
+
+    x, y = _xy(8)
+    step(tf.constant(x), tf.constant(y))
+    assert int(outside.iterations.numpy()) == 2  # one step, counted once per replica
+
+
 def test_invalid_combinations_are_explained():
     with pytest.raises(ValueError, match="global batch of 3 can't be split over 4 replicas"):
         mirrored.batch_plan(100, 3, 4, mode="global")
@@ -329,3 +356,88 @@ def test_explorer_trains_adds_rows_and_ignores_second_click(four_devices):
     explorer.train()
     assert [r.replicas for r in explorer.results] == [2, 1]
     assert explorer.chart.value[:4] == b"\x89PNG"
+
+
+def _regularized_loop(strategy, x, y, regularization):
+    import keras
+    import tensorflow as tf
+
+    with strategy.scope():
+        model = models.mlp(64, 10, hidden=(32,), seed=0, l2=0.01)
+        optimizer = keras.optimizers.SGD(0.5)
+    step = mirrored.make_train_step(strategy, model, optimizer, models.per_example_loss(),
+                                    regularization=regularization)
+    losses = [float(step(b)) for b in strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(64))]
+    return model.get_weights(), losses
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_oracle_regularization_counts_once_only_when_scaled(four_devices, replicas):
+    """Lesson 06: model.losses added to every replica's loss counts the penalty N times (the all-reduce adds
+    N copies of its gradient); tf.nn.scale_regularization_loss divides it by N and takes the one-device step.
+    The reference is Keras fit on one device, whose loss is the batch mean plus the penalty."""
+    import keras
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(70, 64)).astype("float32"), rng.integers(0, 10, 70).astype("int32")
+    reference = models.mlp(64, 10, hidden=(32,), seed=0, l2=0.01)
+    assert len(reference.losses) == 2  # one penalty per kernel
+    reference.compile(optimizer=keras.optimizers.SGD(0.5),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    per_step = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: per_step.append(logs["loss"]))
+    reference.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(64), epochs=1, verbose=0, callbacks=[record])
+    gap = {}
+    for way in mirrored.REGULARIZATION:
+        weights, losses = _regularized_loop(strategies.make_strategy(four_devices[:replicas]), x, y, way)
+        gap[way] = max(float(np.max(np.abs(a - b))) for a, b in zip(weights, reference.get_weights(), strict=True))
+        if way == "scaled":
+            assert losses[0] == pytest.approx(per_step[0], rel=1e-5)  # batch mean + one penalty, as fit logs it
+    assert gap["scaled"] < 1e-5
+    assert gap["per_replica"] > 1e-3  # the penalty's gradient counted N times
+    with pytest.raises(ValueError, match="regularization='twice'"):
+        mirrored.make_train_step(None, None, None, None, regularization="twice")
+
+
+def test_oracle_every_mean_loss_divides_by_the_replicas_in_a_strategys_scope(four_devices):
+    """Lesson 04: the ÷N is the loss object's, not fit's: a Keras loss with a mean reduction called in a
+    strategy's scope (or inside strategy.run) divides by num_replicas_in_sync; reduction=None and "sum" don't."""
+    import keras
+    import tensorflow as tf
+
+    x, y = _xy(8)
+    logits = tf.constant(np.random.default_rng(0).normal(size=(8, 10)), tf.float32)
+    mean = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    total = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    outside = [float(mean(y, logits)), float(tf.reduce_sum(per_example(y, logits))), float(total(y, logits))]
+    for replicas in (1, 2, 4):
+        strategy = strategies.make_strategy(four_devices[:replicas])
+        with strategy.scope():
+            inside = [float(mean(y, logits)), float(tf.reduce_sum(per_example(y, logits))), float(total(y, logits))]
+        in_run = strategy.experimental_local_results(strategy.run(tf.function(lambda: mean(y, logits))))
+        assert inside[0] == pytest.approx(outside[0] / replicas, rel=1e-6)
+        assert [float(v) for v in in_run] == pytest.approx([outside[0] / replicas] * replicas, rel=1e-6)
+        assert inside[1:] == pytest.approx(outside[1:], rel=1e-6)  # per-example and sum: not scaled
+
+
+def test_oracle_fit_fails_when_the_first_validation_batch_splits_unevenly(four_devices):
+    """Lesson 04: the AddN failure comes from the first batch of the training *or* validation data: 30
+    validation examples at batch 64 on 4 replicas fail, and so does fit(batch_size=30) on arrays; predict
+    (and a validation set that splits evenly) work."""
+    import keras
+    import tensorflow as tf
+
+    x, y = _xy(128)
+    strategy = strategies.make_strategy(four_devices)
+    with strategy.scope():
+        model = _linear()
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, validation_data=(x[:32], y[:32]))  # 32 = 8 × 4: fine
+    with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
+        model.fit(x, y, batch_size=64, epochs=1, verbose=0, validation_data=(x[:30], y[:30]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
+        model.fit(x[:60], y[:60], batch_size=30, epochs=1, verbose=0)
+    assert model.predict(x[:30], batch_size=30, verbose=0).shape == (30, 3)

@@ -37,10 +37,9 @@ def test_kept_activations_counts():
     model = models.mlp(64, 10, hidden=(256,) * 8, seed=0)
     rows = [n for _, n in memory.layer_activations(model, 512)]
     assert tradeoffs.kept_activations(model, 512) == sum(rows)
-    # segments of 3 over 9 layers: inputs of each segment (rows 0, 3, 6) and the logits (row 9) stay,
-    # plus the two hidden outputs inside the segment being recomputed
-    assert tradeoffs.kept_activations(model, 512, segment=3) == sum(rows[i] for i in (0, 3, 6, 9)) + 2 * rows[1]
-    assert tradeoffs.kept_activations(model, 512, segment=9) == rows[0] + rows[9] + sum(rows[1:9])
+    # segments of 3 over 9 layers: the forward pass keeps each segment's input (rows 0, 3, 6) and the logits (row 9)
+    assert tradeoffs.kept_activations(model, 512, segment=3) == sum(rows[i] for i in (0, 3, 6, 9)) == 1_200_128
+    assert tradeoffs.kept_activations(model, 512, segment=9) == rows[0] + rows[9]
     with pytest.raises(ValueError, match="segment=10"):
         tradeoffs.kept_activations(model, 512, segment=10)
 
@@ -105,52 +104,65 @@ def test_recovery_arithmetic():
         recovery.checkpoint_interval(0, 100)
 
 
-def test_recomputation_halves_what_the_forward_pass_keeps_but_not_the_steps_peak():
-    """Lesson 10: measured by TensorFlow's own CPU allocator (TF_CPU_ALLOCATOR_USE_BFC makes
-    get_memory_info work on a CPU). With segments of 3 layers, what the forward pass keeps for the
-    backward pass (held while the tape is alive) falls to a fraction, and the plain run keeps what
-    kept_activations counts; the peak of the whole step falls far less, because the backward pass
-    holds a recomputed segment, the gradients flowing back and the weight gradients at once."""
+def test_recomputation_measured_with_tensorflows_allocator():
+    """Lesson 10's numbers, read from TensorFlow's own CPU allocator (TF_CPU_ALLOCATOR_USE_BFC makes
+    get_memory_info count on a CPU), as step_memory reads them.
+
+    The lesson's model (8 hidden layers of 256, batch 512, segments of 3): what the forward pass keeps
+    falls to about a quarter, as kept_activations counts, but the step's peak doesn't fall at all: it
+    moves from the start of the backward pass (every activation still held) to its end (every weight's
+    gradient held, plus a rebuilt segment and the gradients flowing through it). A deeper model on a
+    bigger batch (16 layers, batch 2048, segments of 4), whose activations dwarf its weights, sees the
+    peak fall. The readings repeat, run after run (to a few hundred bytes): the step runs eagerly."""
     out = run_fresh("""
-        import gc, os
+        import os
         os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
         from mgpu_edu import data, devices, models, tradeoffs
         devices.setup_devices(4, verbose=False)
         import tensorflow as tf
         digits = data.digits()
-        deep = models.mlp(64, 10, hidden=(256,) * 8, seed=0)
         loss_fn = models.per_example_loss()
-        x, y = tf.constant(digits.x_train[:512]), tf.constant(digits.y_train[:512])
-        current = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
-
-        def measure(segment):
-            groups = tradeoffs.segments(deep, segment) if segment else [tradeoffs._layers(deep)]
-            def run(group):
-                def forward(h):
-                    for layer in group:
-                        h = layer(h, training=True)
-                    return h
-                return tf.recompute_grad(forward) if segment else forward
-            gc.collect()
-            base = current()
-            tf.config.experimental.reset_memory_stats("CPU:0")
-            with tf.GradientTape() as tape:
-                h = x
-                for group in groups:
-                    h = run(group)(h)
-                loss = tf.reduce_mean(loss_fn(y, h))
-            held = current() - base
-            grads = tape.gradient(loss, deep.trainable_variables)
-            peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - base
-            del grads, tape, h, loss
-            gc.collect()
-            return held, peak
-
-        for _ in range(2):  # the second round, once every kernel has run
-            result = {str(s): measure(s) for s in (None, 3)}
-        result["counted"] = tradeoffs.kept_activations(deep, 512)
+        result = {}
+        for name, depth, batch, segment in (("lesson", 8, 512, 3), ("deep", 16, 2048, 4)):
+            deep = models.mlp(64, 10, hidden=(256,) * depth, seed=0)
+            x = tf.constant(tf.tile(digits.x_train[:512], [batch // 512, 1]))
+            y = tf.constant(tf.tile(digits.y_train[:512], [batch // 512]))
+            runs = [[tradeoffs.step_memory(deep, loss_fn, x, y, segment=s) for s in (None, segment)] for _ in range(2)]
+            result[name] = {
+                "readings": [[(m.kept, m.peak, m.gradients) for m in run] for run in runs],
+                "peak_phase": [max(m.timeline, key=lambda r: r[2])[0] for m in runs[-1]],
+                "counted": [tradeoffs.kept_activations(deep, batch, s) - x.numpy().nbytes for s in (None, segment)],
+                "weights": sum(v.numpy().nbytes for v in deep.trainable_variables),
+            }
     """)["result"]
-    (plain_held, plain_peak), (recomputed_held, recomputed_peak) = out["None"], out["3"]
-    assert abs(plain_held - out["counted"]) < 0.1 * out["counted"]  # the count is what TensorFlow keeps
-    assert recomputed_held < 0.35 * plain_held  # the forward pass keeps a fraction
-    assert recomputed_peak > 0.7 * plain_peak  # the step's peak falls far less
+    for name, row in out.items():
+        first, second = row["readings"]
+        for a, b in zip(sum(first, []), sum(second, []), strict=True):
+            assert abs(a - b) <= 0.01 * b, name  # eager readings repeat, to a few hundred bytes
+        (plain_kept, plain_peak, plain_grads), (kept, peak, grads) = second
+        for measured, counted in zip((plain_kept, kept), row["counted"], strict=True):
+            assert abs(measured - counted) < 0.05 * row["counted"][0], name  # the count is what TensorFlow keeps
+        assert kept < 0.3 * plain_kept, name  # the forward pass keeps about a quarter
+        assert plain_grads == grads and abs(grads - row["weights"]) < 0.1 * row["weights"], name  # the gradients
+    lesson, deep = out["lesson"]["readings"][1], out["deep"]["readings"][1]
+    assert lesson[1][1] >= lesson[0][1]  # the lesson's model: the peak doesn't fall
+    assert deep[1][1] < 0.7 * deep[0][1]  # activations that dwarf the weights: it falls
+    assert out["lesson"]["peak_phase"] == ["backward", "backward"]
+
+
+def test_step_memory_on_a_cpu_says_how_to_make_tensorflow_count():
+    out = run_fresh("""
+        import os
+        os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
+        from mgpu_edu import data, devices, models, tradeoffs
+        devices.setup_devices(2, verbose=False)
+        import tensorflow as tf
+        digits = data.digits()
+        try:
+            tradeoffs.step_memory(models.mlp(64, 10, seed=0), models.per_example_loss(),
+                                  tf.constant(digits.x_train[:8]), tf.constant(digits.y_train[:8]))
+            result = "measured"
+        except ValueError as error:
+            result = str(error)
+    """)["result"]
+    assert "TF_CPU_ALLOCATOR_USE_BFC=true" in out and "restart" in out
