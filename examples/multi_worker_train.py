@@ -7,9 +7,11 @@ Runs as is on a real cluster and on one machine:
   Kubernetes operators (TFJob) and ``mgpu_edu.cluster.LocalCluster`` set it for you.
 - **Slurm**, on GPU nodes: ``srun python multi_worker_train.py --cluster slurm`` reads the job's
   nodes and tasks through ``tf.distribute.cluster_resolver.SlurmClusterResolver``. That resolver
-  counts each node's GPUs with ``nvidia-smi`` and fails on nodes without one; give
-  ``--gpus-per-node N`` to skip the count, and ``--port-base`` when two jobs share a node (every
-  job starts at port 8888 otherwise).
+  takes each node's GPUs from ``CUDA_VISIBLE_DEVICES`` when it is set, else counts them with
+  ``nvidia-smi`` (and fails on a node with neither), then shares them out itself: it sets each
+  task's ``CUDA_VISIBLE_DEVICES``. So each task must see all of its node's GPUs (a Slurm setting
+  that binds one GPU per task breaks the count), or give ``--gpus-per-node N`` to skip the count;
+  give ``--port-base`` when two jobs share a node (every job starts at port 8888 otherwise).
 
 **Each worker its own data.** ``--per-worker-batch`` is what one worker trains on per step, whatever
 its number of GPUs: the global batch is that times the workers, and each of a worker's replicas
@@ -78,7 +80,7 @@ def make_strategy(cluster: str, gpus_per_node: int | None = None, port_base: int
 
 def write_dir(checkpoint_dir: Path, strategy: tf.distribute.Strategy) -> Path:
     """Where this worker writes checkpoints: the chief into ``checkpoint_dir``, every other worker
-    into a temporary folder of its own beside it. TensorFlow decides who is chief: the ``chief``
+    into a temporary folder of its own inside it. TensorFlow decides who is chief: the ``chief``
     task if the cluster has one, else worker 0 (``strategy.extended.should_checkpoint``). On real
     machines ``checkpoint_dir`` must be storage every worker can read (NFS, a cloud bucket): each
     restores from the chief's copy."""
@@ -133,7 +135,8 @@ def main() -> None:
                         help="first print which examples each worker gets, for each way of sharding the input")
     parser.add_argument("--out", type=Path, default=None, help="folder for each worker's final weights")
     parser.add_argument("--try-fit", action="store_true", help="first try Keras fit under this strategy")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="Slurm: GPUs per node (else nvidia-smi)")
+    parser.add_argument("--gpus-per-node", type=int, default=None,
+                        help="Slurm: GPUs per node (else CUDA_VISIBLE_DEVICES, else nvidia-smi)")
     parser.add_argument("--port-base", type=int, default=8888, help="Slurm: first port of the job's workers")
     parser.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume from checkpoints here")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: never)")

@@ -203,8 +203,9 @@ def timed_on_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices:
     (graph=True: TensorFlow may run independent work at the same time). On a GPU, kernels run
     asynchronously: a timestamp can be taken before the GPU finishes the work it follows, so
     the spans show when work was handed to each device; use the profiler for the device side.
-    The outputs are collected in a ``tf.TensorArray``, the tool for gathering results inside
-    a graph. With no GPU this shows logical CPUs, which share the machine's cores.
+    The loop over devices is a Python loop, unrolled when the graph is built, so a Python list
+    collects the outputs (a ``tf.TensorArray`` is needed only in a loop TensorFlow runs itself).
+    With no GPU this shows logical CPUs, which share the machine's cores.
     """
     tf = quiet.import_tensorflow()
     devices = _device_list(devices)
@@ -212,18 +213,17 @@ def timed_on_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices:
         raise ValueError(f"got {len(shards)} shards for {len(devices)} devices: pass one shard per device.")
 
     def run(*inputs: Any) -> tuple[Any, Any]:
-        outputs = tf.TensorArray(tf.float32, size=len(devices), infer_shape=False, element_shape=None)
-        stamps = []
-        for i, (device, shard) in enumerate(zip(devices, inputs, strict=True)):
+        outputs, stamps = [], []
+        for device, shard in zip(devices, inputs, strict=True):  # a Python loop: unrolled, one copy per device
             with tf.device(device):
                 start = tf.timestamp()
                 with tf.control_dependencies([start]):
                     result = work(tf.identity(shard))
                 with tf.control_dependencies([result]):
                     end = tf.timestamp()
-            outputs = outputs.write(i, tf.cast(result, tf.float32))
+            outputs.append(tf.cast(result, tf.float32))
             stamps.append(tf.stack([start, end]))
-        return [outputs.read(i) for i in range(len(devices))], tf.stack(stamps)
+        return outputs, tf.stack(stamps)
 
     if graph:
         # tf.function would keep stateful ops such as tf.timestamp in program order, which

@@ -486,15 +486,17 @@ def parallelism_costs(widths: Sequence[int], batch: int, devices: int, micro_bat
       all-reduce of the gradients sends 2(N−1)/N × the gradient bytes from each device.
     - layer split: each device holds its layers; at each boundary the activation goes forward
       and its gradient comes back, so a middle device sends one of each.
-    - pipeline (GPipe): the same bytes as the layer split, in M messages; all M micro-batches'
+    - GPipe: the same bytes as the layer split, in M messages; all M micro-batches'
       activations are kept until the backward pass, so the same memory.
+    - 1F1B: the same bytes and bubble as GPipe; stage s keeps at most min(P − s, M) of the M
+      micro-batches' activations at once (:func:`stage_order`), so less memory.
     - tensor: every layer split by columns over N devices: 1/N of the model states each; each
       layer's output is all-gathered ((N−1)/N of it sent per device) to be the next layer's
       input, so every device keeps the whole batch's activations, as one device would; each
       layer's input gradient is all-reduced back.
 
     ``idle_fraction`` is the ideal share of device-time spent waiting: (P−1)/P for the layer
-    split, the GPipe bubble for the pipeline, 0 for data and tensor parallelism.
+    split, the bubble for the pipelines, 0 for data and tensor parallelism.
     """
     n = _count("devices", devices)
     _count("batch", batch)
@@ -512,6 +514,10 @@ def parallelism_costs(widths: Sequence[int], batch: int, devices: int, micro_bat
     ring = 2 * (n - 1) / n
     tensor_sent = sum((n - 1) / n * a for a in acts) + sum(ring * a for a in acts[:-1])
     busiest = max(stages, key=lambda m: m["total"])
+    held = [min(n - s, micro_batches) / micro_batches for s in range(n)]  # 1F1B: share of the batch's activations
+    one_f_one_b = [{**m, "activations": m["activations"] * h, "total": m["total"] - m["activations"] * (1 - h)}
+                   for m, h in zip(stages, held, strict=True)]
+    busiest_1f1b = max(one_f_one_b, key=lambda m: m["total"])
     data_memory = {"weights": states.params, "gradients": states.grads, "optimizer": states.optimizer,
                    "activations": kept / n}
     tensor_memory = {"weights": states.params / n, "gradients": states.grads / n,
@@ -519,7 +525,8 @@ def parallelism_costs(widths: Sequence[int], batch: int, devices: int, micro_bat
     rows = [
         ("data", data_memory, ring * params * grad_bytes, n * ring * params * grad_bytes, 0.0),
         ("layer split", busiest, max(sent), sum(sent), bubble_fraction(n, 1)),
-        (f"pipeline (M={micro_batches})", busiest, max(sent), sum(sent), bubble_fraction(n, micro_batches)),
+        (f"GPipe (M={micro_batches})", busiest, max(sent), sum(sent), bubble_fraction(n, micro_batches)),
+        (f"1F1B (M={micro_batches})", busiest_1f1b, max(sent), sum(sent), bubble_fraction(n, micro_batches)),
         ("tensor", tensor_memory, tensor_sent, n * tensor_sent, 0.0),
     ]
     return [{"strategy": name, "memory_per_device": sum(v for k, v in memory.items() if k != "total"),

@@ -226,3 +226,35 @@ def test_only_the_collective_all_reduce_honours_bytes_per_pack():
     assert out["collective 0"]["CollectiveReduceV2"] < out["collective 1000"]["CollectiveReduceV2"]  # it packs
     assert out["hierarchical 0"] == out["hierarchical 1000"]  # the option changes nothing
     assert out["hierarchical 0"]["CollectiveReduceV2"] == 0 and out["hierarchical 0"]["AddN"] > 0
+
+
+def test_hierarchical_copy_and_nccl_pack_by_num_packs_even_for_keras():
+    """Lesson 08 §4: the other cross-device ops pack too, by their own num_packs (default 1): Keras's own
+    apply_gradients under MirroredStrategy(cross_device_ops=HierarchicalCopyAllReduce(num_packs=k)) all-reduces
+    the small CNN's 6 gradient tensors as 1 pack (k = 1), k packs, or one per tensor (k = 0). NcclAllReduce is
+    the same class (AllReduceCrossDeviceOps) and needs physical GPUs."""
+    out = run_fresh("""
+        from mgpu_edu import allreduce, devices, models
+        layout = list(devices.setup_devices(2, verbose=False))
+        import keras
+        import tensorflow as tf
+        result = {"nccl_class": tf.distribute.NcclAllReduce.__mro__[1].__name__,
+                  "hierarchical_class": tf.distribute.HierarchicalCopyAllReduce.__mro__[1].__name__}
+        inputs = tf.zeros([2, 8, 8, 1])
+        for packs in (0, 1, 3):
+            strategy = tf.distribute.MirroredStrategy(
+                layout, cross_device_ops=tf.distribute.HierarchicalCopyAllReduce(num_packs=packs))
+            with strategy.scope():
+                model = models.small_cnn((8, 8, 1), 10)
+                optimizer = keras.optimizers.SGD(0.0)
+            def replica_step():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(model(inputs, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            result[str(packs)] = allreduce.traced_ops(tf.function(lambda: strategy.run(replica_step))).get("AddN", 0)
+        result["tensors"] = len(model.trainable_variables)
+    """)["result"]
+    assert out["nccl_class"] == out["hierarchical_class"] == "AllReduceCrossDeviceOps"
+    assert out["tensors"] == 6
+    assert (out["1"], out["3"], out["0"]) == (1, 3, 6)  # one AddN per pack: 1, 3, or one per tensor

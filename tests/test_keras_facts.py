@@ -350,3 +350,82 @@ def test_an_asynchronous_checkpoint_is_written_in_the_background_and_restores(tm
     for a, b in zip(model.get_weights(), restored.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
     assert isinstance(model, keras.Model)
+
+
+def test_tf_function_queues_stateful_ops_without_a_variable_but_not_writes_to_different_variables(four_devices):
+    """Lesson 01 §2: tf.function keeps stateful ops that take no variable (tf.timestamp, tf.print) in program
+    order; reads and writes of one variable stay ordered among themselves, but writes to different variables
+    (on different devices) get no order between them."""
+    import tensorflow as tf
+
+    variables = []
+    for device in four_devices[:2]:
+        with tf.device(device):
+            variables.append(tf.Variable(0.0))
+
+    @tf.function
+    def step():
+        stamps = [tf.timestamp(), tf.timestamp()]
+        for variable in variables:
+            variable.assign_add(1.0)
+        return stamps
+
+    graph = step.get_concrete_function().graph
+    stamps = [op for op in graph.get_operations() if op.type == "Timestamp"]
+    writes = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
+    assert len(stamps) == 2 and len(writes) == 2
+    assert stamps[0] in stamps[1].control_inputs  # the second timestamp waits for the first
+    assert not writes[0].control_inputs and not writes[1].control_inputs  # the two writes: no order between them
+
+
+def test_synchronized_batch_normalization_normalises_with_the_whole_batch(four_devices):
+    """Lesson 02 §4: under a strategy, BatchNormalization computes each replica's statistics from its own
+    shard; synchronized=True all-reduces them, so every replica normalises with the whole batch's, as one
+    device does. 30 examples on 4 replicas (8, 8, 8, 6)."""
+    import keras
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).normal(size=(30, 5)).astype("float32") * [1, 2, 3, 4, 5]
+    one_device = keras.layers.BatchNormalization()(x, training=True).numpy()
+    gaps = {}
+    for synchronized in (False, True):
+        strategy = strategies.make_strategy(four_devices)
+        with strategy.scope():
+            layer = keras.layers.BatchNormalization(synchronized=synchronized)
+            layer.build((None, 5))
+        batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices(x).batch(30))))
+        out = strategy.experimental_local_results(
+            strategy.run(tf.function(lambda b, layer=layer: layer(b, training=True)), args=(batch,)))
+        gaps[synchronized] = float(np.max(np.abs(np.concatenate([o.numpy() for o in out]) - one_device)))
+    assert gaps[True] < 1e-5 and gaps[False] > 0.1
+
+
+def test_tf_device_type_case_rules(four_devices):
+    """Lesson 01 §1: the short form takes any case ('/Cpu:1'); in '/device:TYPE:N' only 'CPU' or 'cpu' work, and
+    '/device:Cpu:1' silently runs on device 0 (or raises, with soft placement off)."""
+    import tensorflow as tf
+
+    where = {}
+    for name in ("/cpu:1", "/Cpu:1", "/CPU:1", "/device:cpu:1", "/device:CPU:1", "/device:Cpu:1"):
+        with tf.device(name):
+            where[name] = (tf.ones(1) + 1).device.rsplit(":", 1)[-1]
+    assert where == {"/cpu:1": "1", "/Cpu:1": "1", "/CPU:1": "1", "/device:cpu:1": "1", "/device:CPU:1": "1",
+                     "/device:Cpu:1": "0"}
+    tf.config.set_soft_device_placement(False)
+    try:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="Could not satisfy device specification"):
+            with tf.device("/device:Cpu:1"):
+                tf.ones(1) + 1
+    finally:
+        tf.config.set_soft_device_placement(True)
+
+
+def test_memory_growth_is_dropped_once_logical_devices_are_configured():
+    """Lesson 00 §3: growth first, then a split into logical GPUs: TensorFlow drops the growth setting
+    (the GPU run itself is in docs/gpu-runs.md). Read where TensorFlow decides it."""
+    import inspect
+
+    from tensorflow.python.eager import context
+
+    source = inspect.getsource(context.Context)
+    assert "Only compute growth if virtual devices have not been configured" in source

@@ -193,6 +193,22 @@ def test_parallelism_costs_label_per_device_and_total_bytes():
                                       "activations": acts / 2}
 
 
+def test_one_f_one_b_row_keeps_min_p_minus_s_of_m_micro_batches():
+    """parallelism_costs' 1F1B row: stage s keeps min(P − s, M)/M of its activations, GPipe all of them; the
+    same bytes and bubble. The 1F1B share is what lesson 07 measures (peak_in_flight = P − s)."""
+    widths, batch, p, m = [64, 512, 512, 512, 10], 512, 4, 8
+    rows = {r["strategy"]: r for r in pipeline.parallelism_costs(widths, batch, devices=p, micro_batches=m)}
+    gpipe, ours = rows["GPipe (M=8)"], rows["1F1B (M=8)"]
+    stages = pipeline.stage_memory(widths, batch, p)
+    expected = max(st["total"] - st["activations"] * (1 - min(p - s, m) / m) for s, st in enumerate(stages))
+    assert ours["memory_per_device"] == pytest.approx(expected)
+    assert ours["memory_per_device"] < gpipe["memory_per_device"]
+    assert (ours["bytes_per_device"], ours["bytes_total"], ours["idle_fraction"]) == (
+        gpipe["bytes_per_device"], gpipe["bytes_total"], gpipe["idle_fraction"])
+    one = {r["strategy"]: r for r in pipeline.parallelism_costs(widths, batch, devices=p, micro_batches=1)}
+    assert one["1F1B (M=1)"]["memory_per_device"] == one["GPipe (M=1)"]["memory_per_device"]  # min(P − s, 1) = 1
+
+
 def test_stage_memory_adds_up_to_the_whole_model():
     stages = pipeline.stage_memory([64, 512, 512, 512, 10], 512, 4)
     weights = (64 * 512 + 512 + 2 * (512 * 512 + 512) + 512 * 10 + 10) * 4
