@@ -148,11 +148,14 @@ def main() -> None:
             # (and none is left to wait for once every other step has updated: a rerun after a lost worker)
             wait = tf.logical_and(tf.equal(index, 0), workers > 1)
 
-            def waiting(n: tf.Tensor) -> tf.Tensor:
-                now = version.read_value()
-                return tf.logical_and(wait, tf.logical_and(now <= seen, now < last_update))
             with tf.control_dependencies([current]):
-                waited = tf.while_loop(waiting, lambda n: n + 1, [tf.constant(0)], maximum_iterations=100_000)
+                since = tf.timestamp()
+
+            def waiting(n: tf.Tensor) -> tf.Tensor:  # (at most a minute: a guard, never reached in a healthy run)
+                now = version.read_value()
+                pending = tf.logical_and(now <= seen, now < last_update)
+                return tf.logical_and(wait, tf.logical_and(pending, tf.timestamp() - since < 60.0))
+            waited = tf.while_loop(waiting, lambda n: n + 1, [tf.constant(0)])
             # uneven work, done only after both reads: every fourth step (0, 4, 8, ...) does 6 big products
             with tf.control_dependencies([current, waited]):
                 x = tf.random.stateless_normal((256, 16), seed=tf.stack([index, 0]))
@@ -165,8 +168,9 @@ def main() -> None:
             loss = tf.reduce_mean((x @ current - x @ target) ** 2) + 0.0 * tf.reduce_sum(busy)
         update = w.assign_sub(0.1 * tape.gradient(loss, w))
         with tf.control_dependencies([update]):
-            applied = version.assign_add(1)  # this step's update is number `applied`
             finished = tf.timestamp()  # taken after this step's update, not before
+        with tf.control_dependencies([finished]):  # and before its count lets a waiting step 0 go on
+            applied = version.assign_add(1)  # this step's update is number `applied`
         return index, finished, loss, applied - 1 - seen  # other updates that landed in between
 
     for warm_up in range(args.workers):  # every worker connects and builds the step first

@@ -368,14 +368,16 @@ def test_tf_function_queues_stateful_ops_without_a_variable_but_not_writes_to_di
         stamps = [tf.timestamp(), tf.timestamp()]
         for variable in variables:
             variable.assign_add(1.0)
-        return stamps
+        return stamps, variables[0].read_value()  # a read after the first variable's write
 
     graph = step.get_concrete_function().graph
     stamps = [op for op in graph.get_operations() if op.type == "Timestamp"]
     writes = [op for op in graph.get_operations() if op.type == "AssignAddVariableOp"]
-    assert len(stamps) == 2 and len(writes) == 2
+    reads = [op for op in graph.get_operations() if op.type == "ReadVariableOp" and op.inputs[0] is writes[0].inputs[0]]
+    assert len(stamps) == 2 and len(writes) == 2 and reads
     assert stamps[0] in stamps[1].control_inputs  # the second timestamp waits for the first
     assert not writes[0].control_inputs and not writes[1].control_inputs  # the two writes: no order between them
+    assert any(writes[0] in read.control_inputs for read in reads)  # one variable's read waits for its write
 
 
 def test_synchronized_batch_normalization_normalises_with_the_whole_batch(four_devices):
@@ -429,3 +431,24 @@ def test_memory_growth_is_dropped_once_logical_devices_are_configured():
 
     source = inspect.getsource(context.Context)
     assert "Only compute growth if virtual devices have not been configured" in source
+
+
+@pytest.mark.parametrize("policy", ["FILE", "AUTO"])
+def test_file_sharding_with_fewer_files_than_workers_fails(tmp_path, policy):
+    """Lesson 09 §3: with one file and two workers, FILE sharding (and AUTO, which picks FILE for files) can't
+    give each worker a file: worker 0's pipeline raises InvalidArgumentError when it is read, worker 1's is
+    empty. Asked of tf.data's own rewrite (input_ops.auto_shard_dataset, what experimental_distribute_dataset
+    runs on each worker)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import input_ops
+
+    (tmp_path / "part-0.txt").write_text("1\n2\n3\n")
+    files = tf.data.Dataset.list_files(str(tmp_path / "part-*.txt"), shuffle=False)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = getattr(tf.data.experimental.AutoShardPolicy, policy)
+    dataset = files.interleave(tf.data.TextLineDataset, cycle_length=1).batch(2).with_options(options)
+    first, second = (input_ops.auto_shard_dataset(dataset, num_shards=2, index=i, num_replicas_in_sync=2)
+                     for i in (0, 1))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not enough for the required 2 shards"):
+        list(first)
+    assert list(second) == []

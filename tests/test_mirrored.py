@@ -209,6 +209,13 @@ def test_oracle_adam_needs_building_in_scope_before_strategy_run(four_devices):
     _, alone = _custom_loop(strategies.make_strategy(four_devices[:1]), x, y, 64, lambda: keras.optimizers.Adam(0.01),
                             build_optimizer=False)
     assert len(alone) == 1 and math.isfinite(alone[0])  # one replica gets away with it
+    two = strategies.make_strategy(four_devices[:2])  # and so does an eager step, on two replicas
+    with two.scope():
+        model, unbuilt = _linear(), keras.optimizers.Adam(0.01)
+    step = mirrored.make_train_step(two, model, unbuilt, models.per_example_loss(), build_optimizer=False)
+    eager = step.python_function
+    eager(next(iter(two.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(64)))))
+    assert type(unbuilt.variables[-1].value).__name__ == "MirroredVariable"  # its slots, made eagerly, mirrored
     _custom_loop(strategies.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.SGD(0.1),
                  build_optimizer=False)  # no slots, nothing to build: works either way
     model, losses = _custom_loop(strategies.make_strategy(four_devices), x, y, 64, lambda: keras.optimizers.Adam(0.01))
