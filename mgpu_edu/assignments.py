@@ -25,7 +25,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import sys
+import tempfile
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +232,25 @@ def _notebooks(source: Path) -> list[Path]:
     return found
 
 
+def without_exercises(paths: Sequence[Path]) -> list[Path]:
+    """The notebooks among paths that hold no exercise: no solution region and no ``check.*`` call.
+
+    Read as plain JSON, so it works without nbformat. An unreadable file counts as one without.
+    """
+    import json
+
+    empty = []
+    for path in paths:
+        try:
+            cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
+            text = "\n".join("".join(c.get("source", "")) for c in cells)
+        except (OSError, ValueError, AttributeError):
+            text = ""
+        if not (has_region(text) or _CHECK_CALL.search(text)):
+            empty.append(Path(path))
+    return empty
+
+
 def write_student_versions(source: Path, destination: Path, force: bool = False) -> list[Path]:
     """Write student versions of source (a notebook or a folder) into the folder destination.
 
@@ -313,20 +335,38 @@ class ExerciseResult:
     notebook: str
     exercise: int
     check: str
-    status: str  # "correct", "wrong", "unsolved" or "error" (the cell raised or never ran)
+    status: str  # "correct", "wrong", "unsolved", "error" (the cell raised or never ran), "failed" (not graded)
     message: str
 
 
+def _error(cell: Any) -> Any:
+    """The cell's error output, or None."""
+    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
+
+
 def exercise_results(nb: Any, name: str) -> list[ExerciseResult]:
-    """Read the exercise checks' feedback from a notebook's outputs."""
+    """Read the exercise checks' feedback from a notebook's outputs.
+
+    A check that raised NameError because the student's own cell above it failed (so `answer`
+    was never set) is reported with the student's error, which is the one to fix.
+    """
     results = []
-    cells = [cell for cell in nb.cells if cell.cell_type == "code" and _CHECK_CALL.search(cell.source)]
-    for number, cell in enumerate(cells, start=1):
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    before = None  # the last error of a non-check cell since the previous check
+    number = 0
+    for cell in code:
+        if not _CHECK_CALL.search(cell.source):
+            before = _error(cell) or before
+            continue
+        number += 1
         check = _CHECK_CALL.search(cell.source).group(1)
         status, message = "error", "the cell printed no feedback (it raised an error, or was never run)"
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
                 status, message = "error", f"{output.get('ename')}: {output.get('evalue')}"
+                if output.get("ename") == "NameError" and before is not None:
+                    message = (f"your cell above raised {before.get('ename')}: {before.get('evalue')}; so the check "
+                               f"found nothing to check ({message})")
                 break
             text = output.get("text", "") if output.get("output_type") == "stream" else ""
             for line in text.splitlines():
@@ -334,6 +374,7 @@ def exercise_results(nb: Any, name: str) -> list[ExerciseResult]:
                     if line.startswith(icon):
                         status, message = value, line[len(icon):].lstrip(": ")
         results.append(ExerciseResult(name, number, check, status, message))
+        before = None
     return results
 
 
@@ -351,11 +392,23 @@ def run_notebook(path: Path, timeout: int = 600) -> Any:
 
     Errors don't stop the run: they are kept as error outputs of the cells that raised.
     """
+    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     nb = _read_handed_in(path)
-    NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                   resources={"metadata": {"path": str(Path(path).parent)}}).execute()
+    # Kernel and client talk over local sockets (IPC) where the system has them: no TCP port, so no
+    # "running over TCP without encryption" warning for every notebook of a batch. The sockets live
+    # in a temporary folder, and the kernel is shut down here (a client given its manager doesn't).
+    with tempfile.TemporaryDirectory(prefix="mgpu-edu-grade-") as sockets:
+        manager = KernelManager(kernel_name="python3", transport="tcp" if sys.platform == "win32" else "ipc")
+        if manager.transport == "ipc":
+            manager.ip = str(Path(sockets) / "kernel")
+        try:
+            NotebookClient(nb, km=manager, timeout=timeout, allow_errors=True, kernel_name="python3",
+                           resources={"metadata": {"path": str(Path(path).parent)}}).execute()
+        finally:
+            if manager.has_kernel:
+                manager.shutdown_kernel(now=True)
     return nb
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from mgpu_edu import __version__, course
-from mgpu_edu.assignments import grade, write_nbgrader_course, write_student_versions
+from mgpu_edu.assignments import ExerciseResult, grade, without_exercises, write_nbgrader_course, write_student_versions
 from mgpu_edu.course import MANIFEST, shipped_folder
 from mgpu_edu.doctor import report
 
@@ -103,9 +103,9 @@ def _badges(args: argparse.Namespace) -> int:
     where = f"{args.repo}@{ref}"
     print(f"{len(changed)} file(s) changed; badges and Colab installs point at {where}, folder {folder}/."
           if changed else f"Nothing to change: every lesson already points at {where}, folder {folder}/.")
-    if changed and ref == known.ref:
-        print(f"Tip: give your fork its own --ref (e.g. fall-2027). Its {known.ref} tag still holds the original "
-              "lessons, so Colab would open those.")
+    if changed and not args.ref:  # the ref came from the manifest: perhaps the original release's tag
+        print(f"Tip: give your fork its own --ref (e.g. fall-2027). Without one the badges point at {ref}, "
+              "and if that is the original release's tag, Colab opens the original lessons.")
     elif changed:
         print(f"Next: commit, then make {ref!r} exist on GitHub (git tag {ref} && git push origin "
               f"{ref}, or push the branch): Colab installs and opens that ref.")
@@ -118,16 +118,25 @@ def _student(args: argparse.Namespace) -> int:
     written = write_student_versions(Path(args.src), Path(args.dst), force=args.force)
     for path in written:
         print(f"wrote {path}")
+    _note_without_exercises(written)
     notebooks = sum(path.suffix == ".ipynb" for path in written)
     print(f"{notebooks} student version(s) in {args.dst}: solutions replaced by stubs, outputs cleared, "
           "checks kept.")
     return 0
 
 
+def _note_without_exercises(written: list[Path]) -> None:
+    """Say which of the notebooks written hold no exercise: nothing in them to hand in or to grade."""
+    for path in without_exercises([p for p in written if p.suffix == ".ipynb"]):
+        print(f"note: {path} has no exercises (no solution region, no check): it was copied as it is, and there "
+              "is nothing in it to grade", file=sys.stderr)
+
+
 def _nbgrader(args: argparse.Namespace) -> int:
     written = write_nbgrader_course(Path(args.src), Path(args.course), course_id=args.course_id, force=args.force)
     for path in written:
         print(f"wrote {path}")
+    _note_without_exercises(written)
     first = written[1].parent.name if len(written) > 1 else "ASSIGNMENT"
     try:  # the fork and release the lessons point at (lessons/course.toml), as their Colab cells install it
         manifest = course.load(Path(args.src))
@@ -140,28 +149,63 @@ def _nbgrader(args: argparse.Namespace) -> int:
     return 0
 
 
+def _csv_target(text: str) -> Path:
+    """The --csv file, checked before any grading: its folder must exist and take a new file."""
+    import os
+
+    target = Path(text)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise CommandError(f"--csv {text}: that is a folder; give a file name, e.g. --csv {target / 'grades.csv'}")
+    if not folder.is_dir():
+        raise CommandError(f"--csv {text}: the folder {str(folder)!r} doesn't exist; create it first "
+                           f"(mkdir -p {folder}) or write the gradebook elsewhere")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise CommandError(f"--csv {text}: this user can't write there; choose a folder you can write to")
+    return target
+
+
 def _grade(args: argparse.Namespace) -> int:
     _require("grade", "nbformat", *(() if args.no_execute else ("nbclient", "ipykernel")))
-    results = []
+    csv_file = _csv_target(args.csv) if args.csv else None  # before grading, not after
+    results, failed = [], []
     for notebook in args.notebooks:
         print(f"grading {notebook} ...", file=sys.stderr, flush=True)
-        results += grade(Path(notebook), execute=not args.no_execute, timeout=args.timeout)
+        try:
+            graded = grade(Path(notebook), execute=not args.no_execute, timeout=args.timeout)
+        except Exception as error:  # a handed-in file can be anything: report it, grade the others
+            reason = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+            print(f"  could not grade {notebook}: {reason}", file=sys.stderr, flush=True)
+            failed.append(notebook)
+            results.append(ExerciseResult(notebook, 0, "-", "failed", f"could not be graded: {reason}"))
+            continue
+        if not graded:
+            failed.append(notebook)
+            graded = [ExerciseResult(notebook, 0, "-", "failed", "no exercises: this notebook calls no "
+                                     "mgpu_edu check, so there is nothing to grade (is it a course lesson?)")]
+        results += graded
     width = max([len(r.notebook) for r in results] + [8])
     print(f"{'notebook':<{width}}  ex  {'check':<22}  {'status':<9}  feedback")
     for r in results:
-        print(f"{r.notebook:<{width}}  {r.exercise:>2}  {r.check:<22}  {r.status:<9}  {r.message}")
+        print(f"{r.notebook:<{width}}  {r.exercise or '-':>2}  {r.check:<22}  {r.status:<9}  {r.message}")
     for notebook in dict.fromkeys(r.notebook for r in results):
         mine = [r for r in results if r.notebook == notebook]
-        print(f"{notebook}: {sum(r.status == 'correct' for r in mine)}/{len(mine)} correct")
-    if args.csv:
+        if notebook in failed:
+            print(f"{notebook}: not graded ({mine[0].message})")
+        else:
+            print(f"{notebook}: {sum(r.status == 'correct' for r in mine)}/{len(mine)} correct")
+    if csv_file is not None:
         import csv
 
-        with open(args.csv, "w", newline="", encoding="utf-8") as handle:
+        with open(csv_file, "w", newline="", encoding="utf-8") as handle:
             writer = csv.writer(handle)
             writer.writerow(["notebook", "exercise", "check", "status", "feedback"])
-            writer.writerows([r.notebook, r.exercise, r.check, r.status, r.message] for r in results)
-        print(f"wrote {args.csv}")
-    return 0
+            writer.writerows([r.notebook, r.exercise or "", r.check, r.status, r.message] for r in results)
+        print(f"wrote {csv_file}")
+    if failed:
+        print(f"{len(failed)} of {len(args.notebooks)} notebook(s) could not be graded: {', '.join(failed)}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -233,8 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     nbgrader.set_defaults(run=_nbgrader)
 
     grade = commands.add_parser("grade", help="run handed-in notebooks and report each exercise's check",
-                                description="Run each notebook in a fresh kernel (errors don't stop it) and "
-                                "report what every exercise check said: correct, wrong, unsolved, or error.")
+                                description="Run each notebook in a fresh kernel (errors in it don't stop it) "
+                                "and report what every exercise check said: correct, wrong, unsolved, or error. "
+                                "A notebook that can't be read or run, or has no exercises, is reported as "
+                                "'failed' with the reason, and the others are graded all the same; the CSV is "
+                                "always written (its folder is checked first). Exit status 1 if any notebook "
+                                "failed.")
     grade.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="handed-in notebooks")
     grade.add_argument("--no-execute", action="store_true", help="read the outputs saved in the notebooks instead")
     grade.add_argument("--csv", metavar="FILE", help="also write the results to a CSV gradebook")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import subprocess
@@ -305,6 +306,8 @@ def test_grade_runs_each_notebook_and_reports_every_check(tmp_path):
     assert "ZeroDivisionError" in rows[4]
     handed_in = nbformat.read(tmp_path / "alice.ipynb", as_version=4)
     assert all(not cell.outputs for cell in handed_in.cells)  # grading doesn't rewrite the student's file
+    assert "without encryption" not in done.stderr  # the kernel talks over local sockets, quietly
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alice.ipynb", "grades.csv"]  # and leaves none behind
 
 
 def test_grade_tells_same_named_notebooks_apart_by_their_path(tmp_path):
@@ -326,9 +329,53 @@ def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):
     done = mgpu_edu("grade", "--no-execute", str(LESSONS / "07_model_parallel.ipynb"), cwd=tmp_path)
     assert done.returncode == 0 and "07_model_parallel.ipynb: 2/2 correct" in done.stdout
     missing = mgpu_edu("grade", "nope.ipynb", cwd=tmp_path)
-    assert missing.returncode == 2 and "'nope.ipynb' does not exist" in missing.stderr
+    assert missing.returncode == 1 and "'nope.ipynb' does not exist" in missing.stdout
     bad = mgpu_edu("grade", "--timeout", "soon", "x.ipynb", cwd=tmp_path)
     assert bad.returncode == 2 and "'soon' is not a whole number of seconds" in bad.stderr
+
+
+def test_grade_grades_every_notebook_of_a_batch_and_always_writes_the_csv(tmp_path):
+    """An unreadable, a missing and an exercise-less notebook among good ones: each is a 'failed' row with its
+    reason, the good ones are graded all the same, the CSV has every row, and the exit status says it."""
+    shutil.copy(LESSONS / "03_allreduce.ipynb", tmp_path / "alice.ipynb")
+    (tmp_path / "broken.ipynb").write_text("this is not a notebook")
+    write_notebook(tmp_path / "plain.ipynb", "print('no exercises here')")
+    shutil.copy(LESSONS / "07_model_parallel.ipynb", tmp_path / "zoe.ipynb")
+    done = mgpu_edu("grade", "--no-execute", "alice.ipynb", "broken.ipynb", "missing.ipynb", "plain.ipynb",
+                    "zoe.ipynb", "--csv", "g.csv", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "alice.ipynb: 2/2 correct" in done.stdout and "zoe.ipynb: 2/2 correct" in done.stdout
+    assert "broken.ipynb: not graded (could not be graded: NotJSONError" in done.stdout
+    assert "missing.ipynb: not graded (could not be graded: FileNotFoundError" in done.stdout
+    assert "plain.ipynb: not graded (no exercises" in done.stdout
+    assert "3 of 5 notebook(s) could not be graded: broken.ipynb, missing.ipynb, plain.ipynb" in done.stderr
+    rows = list(csv.reader((tmp_path / "g.csv").read_text().splitlines()))[1:]
+    assert [(r[0], r[3]) for r in rows] == [("alice.ipynb", "correct")] * 2 + [
+        ("broken.ipynb", "failed"), ("missing.ipynb", "failed"), ("plain.ipynb", "failed")] + [
+        ("zoe.ipynb", "correct")] * 2
+
+
+def test_grade_checks_the_gradebook_folder_before_grading(tmp_path):
+    done = mgpu_edu("grade", "--no-execute", str(LESSONS / "03_allreduce.ipynb"), "--csv", "no/such/g.csv",
+                    cwd=tmp_path)
+    assert done.returncode == 2 and "'no/such' doesn't exist" in done.stderr and "grading" not in done.stderr
+    (tmp_path / "grades").mkdir()
+    folder = mgpu_edu("grade", "--no-execute", str(LESSONS / "03_allreduce.ipynb"), "--csv", "grades", cwd=tmp_path)
+    assert folder.returncode == 2 and "that is a folder" in folder.stderr
+
+
+def test_grade_names_the_students_error_not_the_checks_name_error(tmp_path):
+    """The answer cell raised, so `answer` was never set and the check cell raised NameError: the grade
+    reports the student's own error, the one to fix."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("answer = 2 * (8 - 1) / zero"),
+        nbformat.v4.new_code_cell("feedback = check.ring_steps(answer, n=8)")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("error", ename="NameError", evalue="name 'zero' is not defined")]
+    nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="NameError", evalue="name 'answer' is not defined")]
+    nbformat.write(nb, tmp_path / "bob.ipynb")
+    done = mgpu_edu("grade", "--no-execute", "bob.ipynb", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "your cell above raised NameError: name 'zero' is not defined" in done.stdout
 
 
 # --- doctor ----------------------------------------------------------------------------------------
@@ -345,3 +392,14 @@ def test_doctor_reports_this_machine(tmp_path):
     assert tf.__version__ in out
     if not tf.config.list_physical_devices("GPU"):
         assert "logical CPUs" in out and "NcclAllReduce (lesson 03) needs real GPUs" in out
+
+
+def test_student_and_nbgrader_say_when_a_notebook_has_no_exercises(tmp_path):
+    (tmp_path / "src").mkdir()
+    write_notebook(tmp_path / "src" / "plain.ipynb", "print('no exercises here')")
+    shutil.copy(LESSONS / "03_allreduce.ipynb", tmp_path / "src")
+    for args in (["student", "src", "out"], ["nbgrader", "src", "course"]):
+        done = mgpu_edu(*args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert "plain.ipynb has no exercises" in done.stderr and "03_allreduce.ipynb has no" not in done.stderr
+
