@@ -1,10 +1,11 @@
 # Two commands for a fresh clone (see README):  make lab   and   make test
 # (make test-main is the quick loop: the main environment only.)
 # Everything installs into ./.venv; nothing outside the clone is touched.
-#   make lab FLAVOUR=gpu   on a Linux machine with an NVIDIA GPU (TensorFlow with CUDA)
+#   make lab FLAVOUR=gpu   on a Linux machine with an NVIDIA GPU (TensorFlow with CUDA), in ./.venv-gpu:
+#   a flavour of its own, so the CUDA build never lands on top of tensorflow-cpu in the same environment
 PYTHON  ?= python3
-VENV    ?= .venv
 FLAVOUR ?= cpu
+VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
@@ -60,7 +61,7 @@ site: setup
 
 # Time and memory of every lesson, and import time, into build/budgets/ (ignored by git): what
 # `make test` runs. Measurements are not sources: only `make budgets-commit` writes them into the
-# tracked benchmarks/results.md, the README's budget table and the guide's time table.
+# tracked benchmarks/results.md, CONTRIBUTING.md's budget table and the guide's time table.
 budgets: setup
 	$(BIN)/python benchmarks/budgets.py
 budgets-commit: setup

@@ -1,11 +1,13 @@
 # Sourced by the .ci/env-* scripts: make a fresh virtual environment and install into it quietly.
-# (This machine's pip configuration prints "WARNING: Location ... is ignored" for mirror folders
-# it lacks; those lines are dropped, everything else pip says is kept, and pip's status counts.)
+# (This machine's pip configuration prints "WARNING: Location '...' is ignored: it is neither a file
+# nor a directory." for mirror folders it lacks; exactly those lines are dropped, everything else pip
+# says is kept, and pip's status counts.)
 fresh_venv() {  # fresh_venv PYTHON DIR
   "$1" -m venv --clear "$2"
   VENV="$2"
   pip_install --upgrade pip
 }
 pip_install() {
-  "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v "^WARNING: Location" >&2)
+  "$VENV/bin/python" -m pip install --quiet "$@" \
+    2> >(grep -Ev "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$" >&2)
 }

@@ -5,7 +5,7 @@ Usage (from the repository root, inside the dev environment):
     python benchmarks/budgets.py                 # every lesson in lessons/course.toml, into build/budgets/
     python benchmarks/budgets.py 00 03           # some lessons
     python benchmarks/budgets.py --commit        # into the tracked benchmarks/results.md and .json, the
-                                                 # README's budget table and the guide's time table
+                                                 # CONTRIBUTING.md's budget table and the guide's time table
     python benchmarks/budgets.py --label "Binder-like (binder/)" --name results-binder [--commit]
 
 Measurements are not sources: a plain run (what ``make test`` does) writes only under the ignored
@@ -21,7 +21,7 @@ and "all processes" is the largest sum (every second), over every process the ru
 (pytest, kernel, and any subprocess a lesson starts), of their proportional set sizes (PSS, from
 /proc/PID/smaps_rollup on Linux; RSS elsewhere). PSS counts the pages processes share once between
 them: every TensorFlow process maps the same ~430 MB of libraries, which a sum of RSS would count
-once per process, while the machine (and Binder's limit) holds them once. Budgets (README):
+once per process, while the machine (and Binder's limit) holds them once. Budgets (CONTRIBUTING.md):
 suite ≤ 180 s, lesson ≤ 30 s, kernel ≤ 1.2 GB, ``import mgpu_edu`` and ``mgpu-edu --help`` ≤ 0.3 s.
 Before and after the suite it times a fixed workload, ``import tensorflow, keras`` in a fresh process
 (what every kernel and worker does first), and reports it beside the table: a shared machine's speed
@@ -180,7 +180,7 @@ def versions() -> str:
 
 
 def table(rows: list[dict], suite_seconds: float) -> str:
-    """The README's budget table: lesson · time · memory, pytest's own start, and the whole run."""
+    """CONTRIBUTING's budget table: lesson · time · memory, pytest's own start, and the whole run."""
     lines = ["| lesson | nbval time (s) | kernel peak RSS (MB) | all processes, PSS (MB) | within budget |",
              "|---|---:|---:|---:|---|"]
     for row in rows:
@@ -240,7 +240,7 @@ def main() -> int:
     parser.add_argument("lessons", nargs="*", help="lesson numbers (e.g. 00 03); default all")
     parser.add_argument("--name", default="results", help="file name of the results, without .md (default results)")
     parser.add_argument("--commit", action="store_true",
-                        help="write into the tracked benchmarks/ (and, for the main results, the README's "
+                        help="write into the tracked benchmarks/ (and, for the main results, CONTRIBUTING's "
                         "budget table and the guide's time table) instead of build/budgets/")
     parser.add_argument("--label", default="", help="name of this environment, for the results' heading")
     parser.add_argument("--busy", action="store_true",
@@ -271,7 +271,9 @@ def main() -> int:
     label = args.label or ("Under bursty load (benchmarks/bursty_load.py)" if args.busy else "")
     measured = f"{label}: measured" if label else "Measured"
     when = f"{time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by `python benchmarks/budgets.py`"
-    text = (f"# Budget results\n\n{measured} {when}.\n\n{table(rows, suite_seconds)}\n\n"
+    title = f"Budget results, {args.label}" if args.label else ("Budget results under bursty load" if args.busy
+                                                                  else "Budget results")
+    text = (f"# {title}\n\n{measured} {when}.\n\n{table(rows, suite_seconds)}\n\n"
             + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items())
             + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}"
             + f"\n- host speed: `{HOST_REFERENCE}` in a fresh process took {reference[0]:.2f} s before the suite "
@@ -287,15 +289,15 @@ def main() -> int:
     print(f"written to {out.relative_to(ROOT)}")
     whole = len(rows) == len(course.load(ROOT / "lessons").lessons)
     if args.commit and args.name == "results" and whole:
-        readme = ROOT / "README.md"
+        contributing = ROOT / "CONTRIBUTING.md"
         body = text.split("\n\n", 1)[1].strip()
-        readme.write_text(replace_block(readme.read_text(encoding="utf-8"), "<!-- budgets:start -->",
-                                        "<!-- budgets:end -->", body), encoding="utf-8")
+        contributing.write_text(replace_block(contributing.read_text(encoding="utf-8"), "<!-- budgets:start -->",
+                                              "<!-- budgets:end -->", body), encoding="utf-8")
         guide = ROOT / "docs" / "instructors.md"
         block = guide_table(course.load(ROOT / "lessons"), rows, f"measured {when}")
         guide.write_text(replace_block(guide.read_text(encoding="utf-8"), TIMES_START, TIMES_END, block),
                          encoding="utf-8")
-        print("refreshed README.md's budget table and docs/instructors.md's time table")
+        print("refreshed CONTRIBUTING.md's budget table and docs/instructors.md's time table")
     failures = [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
     failures += [f"{r['lesson']}: kernel peak {r['kernel_mb']} MB > {KERNEL_BUDGET_MB:.0f} MB"
                  for r in rows if r["kernel_mb"] > KERNEL_BUDGET_MB]

@@ -217,10 +217,11 @@ def student_version(nb: Any, name: str = "notebook") -> Any:
     return nb
 
 
-def _notebooks(source: Path) -> list[Path]:
+def _notebooks(source: Path, example: str = "mgpu-edu student lessons student") -> list[Path]:
+    """The notebooks of source (a notebook, or a folder of them); errors give example, the command that was run."""
     if not source.exists():
         raise FileNotFoundError(f"{str(source)!r} does not exist. Give a lesson notebook or a folder of them, "
-                                "for example: mgpu-edu student lessons student")
+                                f"for example: {example}")
     if source.is_file():
         if source.suffix != ".ipynb":
             raise ValueError(f"{str(source)!r} is not a notebook (.ipynb). Give a lesson notebook or a folder.")
@@ -228,7 +229,7 @@ def _notebooks(source: Path) -> list[Path]:
     found = sorted(p for p in source.glob("*.ipynb") if not p.name.startswith("."))
     if not found:
         raise FileNotFoundError(f"{str(source)!r} holds no .ipynb notebooks. Point at the lessons folder, "
-                                "for example: mgpu-edu student lessons student")
+                                f"for example: {example}")
     return found
 
 
@@ -305,10 +306,11 @@ def write_nbgrader_course(source: Path, course: Path, course_id: str = "mgpu_edu
     """Make (or add to) an nbgrader course folder: one assignment per lesson, and its nbgrader_config.py.
 
     Each notebook in source goes to ``course/source/<its name without .ipynb>/``. Refuses, with
-    FileExistsError, to overwrite files already there unless force is True. Returns the files written.
+    FileExistsError, to overwrite files already there unless force is True. Returns the files written
+    (files already up to date are left alone and not listed).
     """
     source, course = Path(source), Path(course)
-    notebooks = _notebooks(source)
+    notebooks = _notebooks(source, example="mgpu-edu nbgrader lessons course")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", course_id):
         raise ValueError(f"course id {course_id!r} may hold only letters, digits, '_', '.' and '-'; "
                          "try --course-id mgpu_edu")
@@ -322,10 +324,14 @@ def write_nbgrader_course(source: Path, course: Path, course_id: str = "mgpu_edu
     if existing and not force:
         raise FileExistsError(f"{len(existing)} file(s) in the course folder differ from what this would write, "
                               f"e.g. {existing[0]!r}. Pass --force to overwrite them, or choose another folder.")
+    written = []
     for target, content in targets.items():
+        if target.exists() and target.read_bytes() == content:
+            continue  # already up to date
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-    return list(targets)
+        written.append(target)
+    return written
 
 
 @dataclasses.dataclass(frozen=True)

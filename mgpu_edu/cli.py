@@ -82,6 +82,14 @@ def _repository_folder(lessons: Path) -> tuple[str, Path | None]:
         return resolved.name, None
 
 
+def _shown(path: Path) -> str:
+    """path as the user would type it: relative to the current folder where it is inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _badges(args: argparse.Namespace) -> int:
     _require("badges", "nbformat")
     course.check_slug(args.repo)
@@ -99,7 +107,7 @@ def _badges(args: argparse.Namespace) -> int:
     if manifest.is_file() and course.set_defaults(manifest, args.repo, ref):
         changed.append(manifest)  # so the fork's tests and `make lessons` agree with its badges
     for path in changed:
-        print(f"updated {path}")
+        print(f"updated {_shown(path)}")
     where = f"{args.repo}@{ref}"
     print(f"{len(changed)} file(s) changed; badges and Colab installs point at {where}, folder {folder}/."
           if changed else f"Nothing to change: every lesson already points at {where}, folder {folder}/.")
@@ -136,14 +144,17 @@ def _nbgrader(args: argparse.Namespace) -> int:
     written = write_nbgrader_course(Path(args.src), Path(args.course), course_id=args.course_id, force=args.force)
     for path in written:
         print(f"wrote {path}")
-    _note_without_exercises(written)
-    first = written[1].parent.name if len(written) > 1 else "ASSIGNMENT"
+    assignments = sorted(p for p in (Path(args.course) / "source").glob("*/*.ipynb"))
+    _note_without_exercises([p for p in written if p.suffix == ".ipynb"])
+    if not written:
+        print(f"every file in {args.course} already up to date")
+    first = assignments[0].parent.name if assignments else "ASSIGNMENT"
     try:  # the fork and release the lessons point at (lessons/course.toml), as their Colab cells install it
         manifest = course.load(Path(args.src))
         repo, ref = manifest.repo, manifest.ref
     except (OSError, ValueError):
         repo, ref = "OWNER/NAME", "REF"
-    print(f"nbgrader course in {args.course}: {len(written) - 1} assignment(s), one per lesson. Next, in an "
+    print(f"nbgrader course in {args.course}: {len(assignments)} assignment(s), one per lesson. Next, in an "
           f"environment with nbgrader (pip install \"{course.requirement(repo, ref, 'cpu,nbgrader')}\"): "
           f"cd {args.course} && nbgrader generate_assignment {first}")
     return 0

@@ -257,6 +257,40 @@ def lesson_table(course: Course, repo: str | None = None, ref: str | None = None
     return "\n".join(lines)
 
 
+#: The README's install table: each extra, and what it adds.
+INSTALLS = [("", "the helpers only; uses the TensorFlow you have (Colab)"),
+            ("cpu", "plus `tensorflow-cpu` (plain `tensorflow` on macOS, where it is the CPU build)"),
+            ("gpu", "plus `tensorflow[and-cuda]` for NVIDIA GPUs on Linux"),
+            ("cpu,instructor", "plus nbformat, nbconvert and nbclient, for `mgpu-edu badges`, `student` and `grade`"),
+            ("cpu,nbgrader", "plus nbgrader 0.9 (with JupyterLab 4 and Notebook 7) and the `instructor` extra, for "
+                             "grading in the course folder `mgpu-edu nbgrader` makes; not for Colab")]
+
+
+def start_links(course: Course, repo: str | None = None, ref: str | None = None) -> str:
+    """The README's first step for learners: the first lesson in Colab and on Binder, at repo@ref."""
+    repo, ref = repo or course.repo, ref or course.ref
+    first = course.lessons[0]
+    return (f"Open [lesson {first.number} in Colab]({colab_url(first.file, repo, ref)})\n"
+            "(a free T4 GPU; nothing to install: the lesson's first cell installs the course's package), or\n"
+            f"[on Binder]({binder_url(first.file, repo, ref)})\n"
+            "(CPUs only, 2 GB of memory), and go on in order.")
+
+
+def install_table(repo: str, ref: str) -> str:
+    """The README's install table: one pip command per extra, each installing from repo at ref."""
+    lines = ["| command | gives |", "|---|---|"]
+    lines += [f'| `pip install "{requirement(repo, ref, extras)}"` | {gives} |' for extras, gives in INSTALLS]
+    return "\n".join(lines)
+
+
+def readme_blocks(course: Course, repo: str | None = None, ref: str | None = None) -> dict[str, str]:
+    """What the README's generated blocks hold, by marker name: the start links, the lesson table and the
+    install table, all pointing at repo@ref (default the course's own)."""
+    repo, ref = repo or course.repo, ref or course.ref
+    return {"start": start_links(course, repo, ref), "lessons": lesson_table(course, repo, ref),
+            "install": install_table(repo, ref)}
+
+
 def tidy_notebook(nb: Any) -> bool:
     """Strip what a run leaves in a notebook and doesn't teach; return True if anything changed.
 
@@ -290,7 +324,7 @@ def configure_notebook(nb: Any, lesson: str, repo: str, ref: str, folder: str = 
 
 def configure(lessons_dir: Path, repo: str | None = None, ref: str | None = None, readme: Path | None = None,
               folder: str = "lessons") -> list[Path]:
-    """Point every lesson in lessons_dir (and the README's table) at repo@ref; return the changed files.
+    """Point every lesson in lessons_dir (and the README's links) at repo@ref; return the changed files.
 
     The lessons are those of the manifest in lessons_dir, or of the shipped course where the
     folder has none (a folder of student copies, say); lessons missing from the folder are
@@ -313,9 +347,10 @@ def configure(lessons_dir: Path, repo: str | None = None, ref: str | None = None
             nbformat.write(nb, path)
             changed.append(path)
     if readme is not None and readme.exists():
-        text = readme.read_text(encoding="utf-8")
-        new = re.sub(r"(<!-- lessons:start -->\n).*?(\n<!-- lessons:end -->)",
-                     lambda m: m.group(1) + lesson_table(course, repo, ref) + m.group(2), text, flags=re.S)
+        text = new = readme.read_text(encoding="utf-8")
+        for name, block in readme_blocks(course, repo, ref).items():
+            new = re.sub(rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)",
+                         lambda m, block=block: m.group(1) + block + m.group(2), new, flags=re.S)
         if new != text:
             readme.write_text(new, encoding="utf-8")
             changed.append(readme)

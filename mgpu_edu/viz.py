@@ -384,17 +384,34 @@ MEMORY_PARTS = (("params", "weights"), ("grads", "gradients"), ("optimizer", "op
                 ("activations", "activations"))
 
 
+def memory_unit(nbytes: float) -> tuple[str, int]:
+    """The binary unit a memory axis reads best in, for a largest value of nbytes: ("KiB", 1024) for 110 KiB.
+
+    Example:
+        >>> memory_unit(112_640), memory_unit(3 * 2**30)
+        (('KiB', 1024), ('GiB', 1073741824))
+    """
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return unit, scale
+    return "B", 1
+
+
 def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
-    """Stacked bars of what each device holds, in GiB, with a dashed line at each GPU's memory (shared if alike).
+    """Stacked bars of what each device holds, with a dashed line at each GPU's memory (shared if alike).
 
     ``bars`` is a list of (label, memory) where memory has params, grads, optimizer and
     activations in bytes (a :class:`mgpu_edu.memory.DeviceMemory`); ``marks`` maps a GPU's
-    name to its memory in bytes.
+    name to its memory in bytes. The axis's unit follows the tallest bar (:func:`memory_unit`),
+    so a 110 KiB model reads in KiB, not as a sliver on a GiB axis; a GPU line far above the bars is
+    left out.
     """
     labels = [label for label, _ in bars]
+    tallest = max([sum(getattr(memory, field) for field, _ in MEMORY_PARTS) for _, memory in bars] + [0])
+    unit, scale = memory_unit(tallest)
     bottom = [0.0] * len(bars)
     for k, (field, name) in enumerate(MEMORY_PARTS):
-        values = [getattr(memory, field) / 2**30 for _, memory in bars]
+        values = [getattr(memory, field) / scale for _, memory in bars]
         ax.bar(labels, values, bottom=bottom, color=device_color(k), label=name)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     top = max(bottom + [1e-9])
@@ -405,11 +422,11 @@ def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
         else:
             lines.append((size, [name]))
     for k, (size, names) in enumerate(lines):
-        gib = size / 2**30
-        if gib <= 2.2 * top:
-            ax.axhline(gib, color="black", linestyle=(0, (4, 2 + k)), linewidth=0.8)
-            ax.text(len(bars) - 0.5, gib, " " + ", ".join(names), va="bottom", ha="right", fontsize=7)
-    ax.set_ylabel("GiB per device", fontsize=8)
+        height = size / scale
+        if height <= 2.2 * top:
+            ax.axhline(height, color="black", linestyle=(0, (4, 2 + k)), linewidth=0.8)
+            ax.text(len(bars) - 0.5, height, " " + ", ".join(names), va="bottom", ha="right", fontsize=7)
+    ax.set_ylabel(f"{unit} per device", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, loc="upper left")
     return ax

@@ -211,7 +211,8 @@ def test_nbgrader_sets_up_a_course_folder_one_assignment_per_lesson(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["missing", "course"], "'missing' does not exist"),
+    (["missing", "course"], "'missing' does not exist. Give a lesson notebook or a folder of them, for example: "
+                            "mgpu-edu nbgrader lessons course"),
     (["LESSONS", "notes.txt"], "exists and is not a folder"),
     (["LESSONS", "course", "--course-id", "my course"], "course id 'my course' may hold only"),
 ])
@@ -246,7 +247,11 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     badges = "".join(c.source for c in nbformat.read(fork / "lessons" / "04_mirrored_fit.ipynb", 4).cells)
     assert "github/my-school/gpu-course/blob/fall-2027/lessons/04_mirrored_fit.ipynb" in badges
     assert "v2/gh/my-school/gpu-course/fall-2027?urlpath=lab/tree/lessons/04_mirrored_fit.ipynb" in badges
-    assert course.lesson_table(forked) in (fork / "README.md").read_text()
+    readme = (fork / "README.md").read_text()
+    for block in course.readme_blocks(forked).values():  # the start links, lesson table and pip lines too
+        assert block in readme
+    assert "mgpu-edu/mgpu_edu" not in readme
+    assert readme.count("git+https://github.com/my-school/gpu-course@fall-2027") == 5
     again = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
     assert again.returncode == 0 and "Nothing to change" in again.stdout
     assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}

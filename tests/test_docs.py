@@ -31,15 +31,34 @@ def _block(text: str, start: str, end: str) -> str:
     return text.split(start, 1)[1].split(end, 1)[0].strip()
 
 
-def test_readme_lesson_table_is_the_manifests():
+def test_readme_generated_blocks_are_the_manifests():
+    """The start links, the lesson table and the install table: what `mgpu-edu badges` rewrites for a fork."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert _block(readme, "<!-- lessons:start -->", "<!-- lessons:end -->") == course.lesson_table(COURSE)
+    for name, block in course.readme_blocks(COURSE).items():
+        assert _block(readme, f"<!-- {name}:start -->", f"<!-- {name}:end -->") == block, name
 
 
-def test_readme_budget_table_is_the_committed_results():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_contributing_budget_table_is_the_committed_results():
+    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
     results = (ROOT / "benchmarks" / "results.md").read_text(encoding="utf-8")
-    assert _block(readme, "<!-- budgets:start -->", "<!-- budgets:end -->") == results.split("\n\n", 1)[1].strip()
+    assert _block(contributing, "<!-- budgets:start -->", "<!-- budgets:end -->") == \
+        results.split("\n\n", 1)[1].strip()
+
+
+def test_every_install_command_in_the_readme_installs_from_the_repository():
+    """Pasted as they are, they work: the package is not on PyPI, so every pip line names the repository."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands = re.findall(r"`(pip install [^`]*)`", readme)
+    assert len(commands) == 5
+    for command in commands:
+        assert f"@ git+https://github.com/{COURSE.repo}@{COURSE.ref}" in command, command
+
+
+def test_no_file_points_outside_the_repository_for_its_conventions():
+    """The lesson template and the package's conventions live in docs/style.md, in the repository."""
+    for path in (ROOT / "CONTRIBUTING.md", ROOT / "README.md", ROOT / "docs" / "instructors.md"):
+        assert "../shared" not in path.read_text(encoding="utf-8"), path
+    assert "## A lesson notebook" in (ROOT / "docs" / "style.md").read_text(encoding="utf-8")
 
 
 def test_guide_time_table_is_generated_from_the_manifest_and_the_committed_results():

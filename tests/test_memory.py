@@ -172,3 +172,22 @@ def test_memory_calculator_widget(four_devices):
     assert "pipeline_parallel=3 doesn" in calculator.info.value
     with pytest.raises(ValueError, match="preset='GPT-5'"):
         MemoryCalculator(preset="GPT-5")
+
+
+def test_memory_bars_read_in_the_unit_the_numbers_need():
+    """A 110 KiB model's bars on a KiB axis (not a sliver on a GiB one); a 100 GiB one's in GiB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mgpu_edu import viz
+
+    small = memory.model_states(4810, optimizer="adam", precision="fp32")
+    for states, unit in ((small, "KiB"), (memory.model_states(7e9), "GiB")):
+        fig, ax = plt.subplots()
+        device = memory.DeviceMemory(states.params, states.grads, states.optimizer, 0)
+        viz.draw_memory_bars([("device 0", device)], {"T4": memory.GPU_MEMORY_MIB["T4"] * 2**20}, ax)
+        assert ax.get_ylabel() == f"{unit} per device"
+        assert 1 <= ax.get_ylim()[1] < 1024  # the bars fill the axis
+        plt.close(fig)

@@ -171,7 +171,7 @@ def browser():
 
 def _open(browser, url: str, base: str):
     """A new page at url; returns it and the console errors and outside requests it made."""
-    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     outside: list[str] = []
     page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
@@ -211,6 +211,10 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
                 problems.append(f"{path}: shows {raw!r}")
         if errors or outside:
             problems.append(f"{path}: console errors {errors[:3]}, outside requests {outside[:3]}")
+        cut = page.eval_on_selector_all("main pre", "blocks => blocks.filter(b => b.scrollWidth > b.clientWidth + 1)"
+                                                    ".length")
+        if cut:
+            problems.append(f"{path}: {cut} code block(s) cut off at 1280 pixels")
         if path.startswith("lessons/05"):
             page.locator(".cell_output .jupyter-widgets").first.scroll_into_view_if_needed()
             page.screenshot(path=str(ROOT / "build" / "site-lesson-05.png"))

@@ -40,7 +40,7 @@ from mgpu_edu import course  # noqa: E402 - this checkout's package
 from mgpu_edu.preprocessors import is_grade, is_solution  # noqa: E402
 
 # Pages besides the lessons (repository paths), listed in this order under their own caption
-GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "benchmarks/results.md",
+GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "docs/style.md", "benchmarks/results.md",
           "benchmarks/results-binder.md"]
 BADGES = {"https://colab.research.google.com/assets/colab-badge.svg": "badges/colab.svg",
           "https://mybinder.org/badge_logo.svg": "badges/binder.svg"}

@@ -18,6 +18,7 @@ nb_execution_mode = "off"  # the lessons as stored, with their outputs
 nb_ipywidgets_js = {"vendor/html-manager/embed.js": {}}  # not the CDN myst-nb would use
 mathjax_path = "vendor/mathjax/tex-chtml.js"  # not the CDN Sphinx would use
 html_static_path = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_static")]
+html_css_files = ["course.css"]  # long code lines wrap instead of being cut off
 html_title = "mgpu_edu: multi-GPU training with TensorFlow and Keras"
 html_theme = "sphinx_book_theme"
 html_last_updated_fmt = None
