@@ -53,11 +53,14 @@ test-binder:
 test-py310: chromium
 	CHROMIUM=$(CHROMIUM) .ci/env-py310
 
-# The course website into build/site/html (open its index.html): the lessons as stored, with their
-# outputs, never executed; offline; warnings are errors (docs/site/build.py). tests/test_site.py
-# builds it and checks it in Chromium; .github/workflows/pages.yml publishes it.
+# The course website, never executed, offline, warnings as errors (docs/site/build.py): the learner
+# edition into build/site/html (open its index.html; exercises unsolved, buttons open student/), or
+# with EDITION=instructor the instructor edition into build/site-instructor/html (solutions folded,
+# the course guide). tests/test_site.py builds both and checks them in Chromium;
+# .github/workflows/pages.yml publishes the learner edition.
+EDITION ?= learner
 site: setup
-	$(BIN)/python docs/site/build.py
+	$(BIN)/python docs/site/build.py --edition $(EDITION)
 
 # Time and memory of every lesson, and import time, into build/budgets/ (ignored by git): what
 # `make test` runs. Measurements are not sources: only `make budgets-commit` writes them into the

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mgpu_edu.course import MANIFEST
+from mgpu_edu.course import MANIFEST, STUDENT
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -217,7 +217,7 @@ def student_version(nb: Any, name: str = "notebook") -> Any:
     return nb
 
 
-def _notebooks(source: Path, example: str = "mgpu-edu student lessons student") -> list[Path]:
+def _notebooks(source: Path, example: str = "mgpu-edu student my-lessons handout") -> list[Path]:
     """The notebooks of source (a notebook, or a folder of them); errors give example, the command that was run."""
     if not source.exists():
         raise FileNotFoundError(f"{str(source)!r} does not exist. Give a lesson notebook or a folder of them, "
@@ -285,6 +285,42 @@ def write_student_versions(source: Path, destination: Path, force: bool = False)
         (destination / MANIFEST).write_bytes(manifest.read_bytes())
         targets.append(destination / MANIFEST)
     return targets
+
+
+def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) -> list[Path]:
+    """Bring the course's student folder up to date with its lessons; return the files changed.
+
+    ``student`` gets a student version of every lesson in ``lessons``' manifest, with its badges
+    and Colab install cell pointing at ``folder`` in the course's repository at its ref (what a
+    learner's Colab or Binder button opens), and a copy of the manifest. Only files that differ
+    are written, and notebooks of lessons no longer in the manifest are removed, so running it
+    twice changes nothing. ``make lessons`` and ``mgpu-edu badges`` run it; nothing in
+    ``student`` is edited by hand.
+    """
+    import nbformat
+
+    from mgpu_edu import course
+
+    lessons, student = Path(lessons), Path(student)
+    known = course.load(lessons)
+    wanted: dict[Path, str] = {}
+    for lesson in known.lessons:
+        nb = student_version(nbformat.read(lessons / lesson.file, as_version=4), name=lesson.file)
+        course.configure_notebook(nb, lesson.file, known.repo, known.ref, folder)
+        text = nbformat.writes(nb)
+        wanted[student / lesson.file] = text if text.endswith("\n") else text + "\n"
+    wanted[student / MANIFEST] = known.manifest.read_text(encoding="utf-8")
+    student.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for path, text in wanted.items():
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    for path in sorted(student.glob("*.ipynb")):
+        if path not in wanted:  # a lesson that left the manifest
+            path.unlink()
+            changed.append(path)
+    return changed
 
 
 NBGRADER_CONFIG = """\

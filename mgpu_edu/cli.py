@@ -19,7 +19,7 @@ EXAMPLES = """\
 examples:
   mgpu-edu lessons my-lessons                      copy the lessons here, then: jupyter lab my-lessons
   mgpu-edu badges --repo my-school/mgpu_edu --ref fall-2027
-  mgpu-edu student lessons student                 student versions: solutions stubbed, outputs cleared
+  mgpu-edu student my-lessons handout              student versions: solutions stubbed, outputs cleared
   mgpu-edu nbgrader lessons course                 an nbgrader course: one assignment per lesson
   mgpu-edu grade handed-in/*.ipynb --csv grades.csv
   mgpu-edu doctor                                  what works on this machine, and fixes
@@ -106,6 +106,13 @@ def _badges(args: argparse.Namespace) -> int:
     manifest = lessons / course.MANIFEST
     if manifest.is_file() and course.set_defaults(manifest, args.repo, ref):
         changed.append(manifest)  # so the fork's tests and `make lessons` agree with its badges
+    student = (root or Path.cwd()) / course.STUDENT
+    if folder == "lessons" and manifest.is_file() and (student / course.MANIFEST).is_file():
+        # the course's student versions are generated from lessons/: regenerate them, pointing at the fork too
+        _require("badges", "nbformat", "nbconvert")
+        from mgpu_edu.assignments import refresh_student_folder
+
+        changed += refresh_student_folder(lessons, student)
     for path in changed:
         print(f"updated {_shown(path)}")
     where = f"{args.repo}@{ref}"
@@ -255,8 +262,10 @@ def build_parser() -> argparse.ArgumentParser:
     badges = commands.add_parser("badges", help="point the lessons' badges and Colab install at your fork",
                                  description="Rewrite every lesson's Open-in-Colab and Launch-Binder badges and "
                                  "its Colab install cell so they point at OWNER/NAME@REF. When DIR is the "
-                                 "repository's lessons folder it also updates the README's lesson table; where "
-                                 "DIR has a course.toml, its repo and ref too. Running it twice changes nothing.")
+                                 "repository's lessons folder it also updates the README's links and install commands, "
+                                 "and regenerates the student versions in the repository's student folder (what "
+                                 "the README's buttons open) from the lessons; where DIR has a course.toml, its repo "
+                                 "and ref too. Running it twice changes nothing.")
     badges.add_argument("--repo", required=True, metavar="OWNER/NAME",
                         help="your fork on GitHub, e.g. my-school/mgpu_edu")
     badges.add_argument("--ref", default=None,

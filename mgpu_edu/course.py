@@ -247,13 +247,18 @@ def install_cell(repo: str, ref: str) -> str:
     )
 
 
+#: Where the student versions sit in the repository: the README's buttons open them.
+STUDENT = "student"
+
+
 def lesson_table(course: Course, repo: str | None = None, ref: str | None = None) -> str:
-    """The README's lesson table, with badges (pointing at repo@ref, default the course's own)."""
+    """The README's lesson table (pointing at repo@ref, default the course's own): each title links to
+    the lesson as stored, with outputs and solutions; its buttons open the student version."""
     repo, ref = repo or course.repo, ref or course.ref
-    lines = ["| # | lesson | open |", "|---|---|---|"]
+    lines = ["| # | lesson (with solutions) | open, to solve its exercises |", "|---|---|---|"]
     for lesson in course.lessons:
         lines.append(f"| {lesson.number} | [{lesson.title}](lessons/{lesson.file}) | "
-                     f"{badge_row(lesson.file, repo, ref)} |")
+                     f"{badge_row(lesson.file, repo, ref, STUDENT)} |")
     return "\n".join(lines)
 
 
@@ -270,9 +275,9 @@ def start_links(course: Course, repo: str | None = None, ref: str | None = None)
     """The README's first step for learners: the first lesson in Colab and on Binder, at repo@ref."""
     repo, ref = repo or course.repo, ref or course.ref
     first = course.lessons[0]
-    return (f"Open [lesson {first.number} in Colab]({colab_url(first.file, repo, ref)})\n"
+    return (f"Open [lesson {first.number} in Colab]({colab_url(first.file, repo, ref, STUDENT)})\n"
             "(a free T4 GPU; nothing to install: the lesson's first cell installs the course's package), or\n"
-            f"[on Binder]({binder_url(first.file, repo, ref)})\n"
+            f"[on Binder]({binder_url(first.file, repo, ref, STUDENT)})\n"
             "(CPUs only, 2 GB of memory), and go on in order.")
 
 
@@ -478,7 +483,11 @@ def shipped_folder(name: str) -> Path:
     )
 
 
-if __name__ == "__main__":  # python -m mgpu_edu.course [ROOT]: refresh badges, README table, run metadata
+if __name__ == "__main__":  # python -m mgpu_edu.course [ROOT]: badges, README blocks, run metadata, student/
+    from mgpu_edu.assignments import refresh_student_folder
+
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()
     for path in configure(root / "lessons", readme=root / "README.md"):
+        print(f"updated {path}")
+    for path in refresh_student_folder(root / "lessons", root / STUDENT):
         print(f"updated {path}")

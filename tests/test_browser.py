@@ -1,9 +1,12 @@
 """Lessons in a real browser: JupyterLab 4 + headless Chromium (Debian's package) via Playwright.
 
-Lesson 05: runs the whole notebook, moves the replicas slider (timing the diagram's redraw),
-clicks Train, and waits for a new row in the results table. Lesson 10: moves the memory
-calculator's ZeRO-stage slider and waits for the bars to redraw. Chromium comes from apt
-(``make test`` installs it when it can); Playwright's own browser downloads are not used.
+Each test runs a whole lesson in JupyterLab and drives its widget as a learner would. Lesson 03:
+steps the all-reduce stepper and adds a device. Lesson 05: moves the replicas slider (timing the
+diagram's redraw), clicks Train, and waits for a new row in the results table. Lesson 07: adds a
+pipeline stage. Lesson 08: moves a slider and clicks a toggle of the scaling simulator. Lesson 10:
+moves the memory calculator's ZeRO-stage slider. Each checks the redrawn figure and numbers.
+Chromium comes from apt (``make test`` installs it when it can); Playwright's own browser
+downloads are not used.
 """
 
 from __future__ import annotations
@@ -198,3 +201,112 @@ def test_memory_calculator_redraws_in_jupyterlab(lab, tmp_path):
     assert after[0] and after[0] != before[0]  # a new image: the bars were redrawn
     assert after[1] != before[1]  # and the numbers with them
 
+
+
+def _readout(widget, description: str) -> str:
+    """The value of the slider named ``description``, as its handle tells assistive technology."""
+    handle = widget.locator(".widget-slider").filter(has_text=description).locator(".noUi-handle")
+    return handle.get_attribute("aria-valuetext").strip()
+
+
+def _redraw(page, widget, act) -> tuple[str, str]:
+    """Do ``act()`` and wait until the widget's figure (its first image) and its text have both changed (the
+    kernel sends them one after the other); return (new src, new text)."""
+    image = widget.locator("img").first
+    src, text = image.get_attribute("src"), widget.inner_text()
+    act()
+    page.wait_for_function("([img, src, box, text]) => img.getAttribute('src') !== src && box.innerText !== text",
+                           arg=[image.element_handle(), src, widget.element_handle(), text], timeout=30_000)
+    return image.get_attribute("src"), widget.inner_text()
+
+
+def _press(page, widget, description: str, key: str):
+    """An action: focus the slider named ``description`` and press ``key`` (as a learner drags by keyboard)."""
+    def act():
+        widget.locator(".widget-slider").filter(has_text=description).locator(".noUi-handle").focus()
+        page.keyboard.press(key)
+    return act
+
+
+def _shows(page, widget, expected: str) -> str:
+    """Wait until the widget's text holds ``expected`` (what the package computes for the controls' new
+    values); fail with what it shows instead. Returns the text."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function("([box, expected]) => box.innerText.includes(expected)",
+                               arg=[widget.element_handle(), expected], timeout=30_000)
+    except PlaywrightTimeout:
+        pytest.fail(f"the widget never showed {expected!r}; it shows:\n{widget.inner_text()}")
+    return widget.inner_text()
+
+
+@pytest.mark.parametrize("lab", ["03_allreduce.ipynb"], indirect=True)
+def test_allreduce_stepper_in_jupyterlab(lab, tmp_path):
+    """Lesson 03's stepper: a step forward redraws the chunks and the bytes sent; more devices start over."""
+    from mgpu_edu import allreduce
+
+    with _lesson_widget(lab, "03_allreduce.ipynb", ".mgpu-allreduce", "all-reduce stepper", tmp_path) as (
+            page, stepper):
+        n, step = int(_readout(stepper, "devices N")), int(_readout(stepper, "step"))
+        trace = allreduce.simulate("ring", n, length=n * 4)
+        assert 0 < step < len(trace.steps)  # the lesson left it mid-way: there is a next step
+        _redraw(page, stepper, _press(page, stepper, "step", "ArrowRight"))
+        assert int(_readout(stepper, "step")) == step + 1
+        _shows(page, stepper, f"Bytes sent so far, per device: {trace.bytes_sent_until(step + 1)}")
+
+        # a new N builds a new schedule and goes back to step 0
+        _redraw(page, stepper, _press(page, stepper, "devices N", "ArrowRight"))
+        assert (int(_readout(stepper, "devices N")), int(_readout(stepper, "step"))) == (n + 1, 0)
+        bigger = allreduce.simulate("ring", n + 1, length=(n + 1) * 4)
+        _shows(page, stepper, f"Tensor size S = {bigger.total_bytes:,} bytes per device. Bytes sent so far, per "
+                              f"device: {bigger.bytes_sent_until(0)}. After all {len(bigger.steps)} steps")
+        if RESULTS_DIR:
+            stepper.screenshot(path=str(Path(RESULTS_DIR) / "allreduce-stepper.png"))
+
+
+@pytest.mark.parametrize("lab", ["07_model_parallel.ipynb"], indirect=True)
+def test_pipeline_explorer_in_jupyterlab(lab, tmp_path):
+    """Lesson 07's explorer: one more stage redraws both schedules and the bubble it states."""
+    from mgpu_edu import pipeline
+
+    with _lesson_widget(lab, "07_model_parallel.ipynb", ".mgpu-pipeline", "pipeline explorer", tmp_path) as (
+            page, explorer):
+        p, m = int(_readout(explorer, "stages P")), int(_readout(explorer, "micro-batches M"))
+        p_next = 7 if p == 8 else p + 1
+        _redraw(page, explorer, _press(page, explorer, "stages P", "ArrowLeft" if p == 8 else "ArrowRight"))
+        assert (int(_readout(explorer, "stages P")), int(_readout(explorer, "micro-batches M"))) == (p_next, m)
+        _shows(page, explorer, f"{p_next - 1}/{m + p_next - 1} = {pipeline.bubble_fraction(p_next, m):.1%}")
+        if RESULTS_DIR:
+            explorer.screenshot(path=str(Path(RESULTS_DIR) / "pipeline-explorer.png"))
+
+
+@pytest.mark.parametrize("lab", ["08_performance.ipynb"], indirect=True)
+def test_scaling_simulator_in_jupyterlab(lab, tmp_path):
+    """Lesson 08's simulator: a slider and a toggle button each redraw the curves and the numbers."""
+    with _lesson_widget(lab, "08_performance.ipynb", ".mgpu-scaling", "scaling simulator", tmp_path) as (
+            page, simulator):
+        replicas = int(_readout(simulator, "replicas up to"))
+        _redraw(page, simulator, _press(page, simulator, "replicas up to", "ArrowRight"))
+        assert int(_readout(simulator, "replicas up to")) == replicas + 1
+        after_slider = _shows(page, simulator, f"{replicas + 1} replicas: compute")
+        mixed = simulator.locator(".widget-toggle-buttons button", has_text="mixed")
+        _, after_toggle = _redraw(page, simulator, mixed.click)  # mixed precision's higher peak: new numbers
+        if RESULTS_DIR:
+            simulator.screenshot(path=str(Path(RESULTS_DIR) / "scaling-simulator.png"))
+    assert after_toggle != after_slider and f"{replicas + 1} replicas: compute" in after_toggle
+
+
+#: Each widget the manifest lists, and the browser test above that drives it in its lesson.
+DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
+          "ReplicaBatchExplorer": test_explorer_in_jupyterlab,
+          "PipelineExplorer": test_pipeline_explorer_in_jupyterlab,
+          "ScalingSimulator": test_scaling_simulator_in_jupyterlab,
+          "MemoryCalculator": test_memory_calculator_redraws_in_jupyterlab}
+
+
+def test_every_widget_a_lesson_shows_is_driven_in_the_browser():
+    from mgpu_edu import course
+
+    shown = {name for lesson in course.load(ROOT / "lessons").lessons for name in lesson.widgets}
+    assert shown == set(DRIVEN), f"widgets without a browser test: {sorted(shown - set(DRIVEN))}"

@@ -229,6 +229,7 @@ def test_nbgrader_bad_inputs(tmp_path, args, message):
 def make_fork(tmp_path: Path) -> Path:
     fork = tmp_path / "fork"
     shutil.copytree(LESSONS, fork / "lessons", ignore=shutil.ignore_patterns("_scratch", ".ipynb_checkpoints"))
+    shutil.copytree(ROOT / course.STUDENT, fork / course.STUDENT)
     shutil.copy(ROOT / "README.md", fork / "README.md")
     (fork / ".git").mkdir()  # enough for the command to find the repository root
     return fork
@@ -238,9 +239,14 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
     assert done.returncode == 0, done.stderr
-    assert f"{len(COURSE.lessons) + 2} file(s) changed" in done.stdout  # every lesson, README, the manifest
+    # every lesson, README, the manifest; every student version and its copy of the manifest
+    assert f"{2 * len(COURSE.lessons) + 3} file(s) changed" in done.stdout
     forked = course.load(fork / "lessons")
     assert (forked.repo, forked.ref) == ("my-school/gpu-course", "fall-2027")
+    assert (course.load(fork / "student").repo, course.load(fork / "student").ref) == (forked.repo, forked.ref)
+    handout = "".join(c.source for c in nbformat.read(fork / "student" / "04_mirrored_fit.ipynb", 4).cells)
+    assert "github/my-school/gpu-course/blob/fall-2027/student/04_mirrored_fit.ipynb" in handout
+    assert "git+https://github.com/my-school/gpu-course@fall-2027" in handout and "BEGIN SOLUTION" not in handout
     snapshot = {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
     text = code_of(fork / "lessons" / "04_mirrored_fit.ipynb")
     assert 'mgpu-edu @ git+https://github.com/my-school/gpu-course@fall-2027' in text
@@ -257,19 +263,20 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
 
 
-def test_badges_for_student_versions_open_the_student_folder(tmp_path):
+def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path):
     fork = make_fork(tmp_path)
-    assert mgpu_edu("student", "lessons", "student", cwd=fork).returncode == 0
+    assert mgpu_edu("student", "lessons", "handout", cwd=fork).returncode == 0
     readme = (fork / "README.md").read_bytes()
-    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "main", "--lessons", "student", cwd=fork / "lessons")
-    assert done.returncode == 2  # run from inside lessons/, ./student does not exist
-    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "main", "--lessons", "student", cwd=fork)
+    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "main", "--lessons", "handout", cwd=fork / "lessons")
+    assert done.returncode == 2  # run from inside lessons/, ./handout does not exist
+    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "main", "--lessons", "handout", cwd=fork)
     assert done.returncode == 0, done.stderr
-    cells = nbformat.read(fork / "student" / "00_devices.ipynb", 4).cells
-    assert "github/me/fork/blob/main/student/00_devices.ipynb" in "".join(c.source for c in cells)
-    assert (fork / "README.md").read_bytes() == readme  # the README lists the instructor lessons
-    assert course.load(fork / "student").repo == "me/fork"  # the student folder's own manifest
+    cells = nbformat.read(fork / "handout" / "00_devices.ipynb", 4).cells
+    assert "github/me/fork/blob/main/handout/00_devices.ipynb" in "".join(c.source for c in cells)
+    assert (fork / "README.md").read_bytes() == readme  # the README's buttons are the course's student/
+    assert course.load(fork / "handout").repo == "me/fork"  # the folder's own manifest
     assert course.load(fork / "lessons").repo == COURSE.repo  # the instructor lessons' untouched
+    assert course.load(fork / "student").repo == COURSE.repo  # and so is the course's student folder
 
 
 @pytest.mark.parametrize(("args", "message"), [

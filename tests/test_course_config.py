@@ -54,6 +54,29 @@ def test_configure_is_idempotent_and_repoints(tmp_path):
     assert course.configure(lessons, repo="my-school/gpu-course", ref="spring-2027") == []
 
 
+def test_the_student_folder_holds_the_lessons_student_versions(tmp_path):
+    """student/ (what the README's buttons open) is generated: it must be what the lessons make now."""
+    student = tmp_path / course.STUDENT
+    shutil.copytree(LESSONS.parent / course.STUDENT, student)
+    stale = assignments.refresh_student_folder(LESSONS, student)
+    assert stale == [], f"student/ is out of date ({stale[0].name}): run make lessons (or python -m mgpu_edu.course .)"
+
+
+def test_refreshing_the_student_folder_writes_only_what_changed(tmp_path):
+    student = tmp_path / "student"
+    written = assignments.refresh_student_folder(LESSONS, student)
+    assert sorted(p.name for p in written) == sorted([lesson.file for lesson in COURSE.lessons] + [course.MANIFEST])
+    stamp = {p: p.stat().st_mtime_ns for p in student.glob("*.ipynb")}
+    (student / "99_gone.ipynb").write_text("{}", encoding="utf-8")  # a lesson that left the manifest
+    assert assignments.refresh_student_folder(LESSONS, student) == [student / "99_gone.ipynb"]
+    assert not (student / "99_gone.ipynb").exists()
+    assert stamp == {p: p.stat().st_mtime_ns for p in student.glob("*.ipynb")}  # the rest untouched
+    cells = nbformat.read(student / "03_allreduce.ipynb", as_version=4).cells
+    text = "".join(c.source for c in cells)
+    assert f"github/{COURSE.repo}/blob/{COURSE.ref}/student/03_allreduce.ipynb" in text
+    assert "BEGIN SOLUTION" not in text and all(not c.get("outputs") for c in cells)
+
+
 def test_set_defaults_rewrites_only_repo_and_ref(tmp_path):
     manifest = tmp_path / course.MANIFEST
     manifest.write_bytes(COURSE.manifest.read_bytes())

@@ -1,11 +1,14 @@
-"""The course website (`make site`, docs/site/build.py).
+"""The course website (`make site`, docs/site/build.py), in both editions.
 
-It builds from the lessons as stored, without executing them, with warnings as errors and (like
+Each builds from the lessons as stored, without executing them, with warnings as errors and (like
 every test here) with the network blocked; every internal link and anchor resolves; in headless
-Chromium the landing page and every lesson page show their title, their figures (loaded, non-zero
-size) and their widgets rendered from saved state, with no console error, no request leaving the
-site and no raw widget JSON; the theme's search finds lessons; the vendored JavaScript is what
-docs/site/_static/vendor/SOURCES.md says it is. A screenshot of lesson 05 (its explorer) is saved under build/.
+Chromium the landing page and every lesson page show their title, the banner naming their edition,
+their figures (loaded, non-zero size) and their widgets rendered from saved state, with no console
+error, no request leaving the site and no raw widget JSON; the theme's search finds lessons; the
+vendored JavaScript is what docs/site/_static/vendor/SOURCES.md says it is. The learner edition
+holds no solution line, no check's result and no answer from the guide in any of its files (the
+same scan finds them all in the instructor edition), and its buttons open the student versions. A
+screenshot of lesson 05 (its explorer) is saved under build/.
 """
 
 from __future__ import annotations
@@ -44,13 +47,28 @@ def _builder():
     return module
 
 
+@pytest.fixture(scope="module", params=["learner", "instructor"])
+def edition(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def site() -> Path:
-    out = ROOT / "build" / "site-test"
-    done = subprocess.run([sys.executable, str(SITE / "build.py"), "--out", str(out)], cwd=ROOT,
+def site(edition) -> Path:
+    out = ROOT / "build" / f"site-test-{edition}"
+    done = subprocess.run([sys.executable, str(SITE / "build.py"), "--edition", edition, "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out / "html"
+
+
+def _folder(edition: str) -> str:
+    return _builder().EDITIONS[edition]["folder"]
+
+
+def _page_notebook(lesson: course.Lesson, edition: str):
+    """The notebook a lesson's page is built from in this edition."""
+    nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
+    return _builder().learner_notebook(nb, lesson.file, COURSE.repo, COURSE.ref) if edition == "learner" else nb
 
 
 class _Page(html.parser.HTMLParser):
@@ -77,19 +95,22 @@ def _parse(path: Path) -> _Page:
     return page
 
 
-def test_the_site_has_a_page_per_lesson_guide_and_source_and_the_manifest_is_its_table_of_contents(site):
-    sources = _builder().tomllib.loads((SITE / "sources.toml").read_text())["source"]
-    expected = ["index.html", *(f"lessons/{lesson.file[:-6]}.html" for lesson in COURSE.lessons),
-                *(f"{page[:-3]}.html" for page in _builder().GUIDES), *(f"credits/{s['slug']}.html" for s in sources)]
+def test_the_site_has_a_page_per_lesson_guide_and_source_and_the_manifest_is_its_table_of_contents(site, edition):
+    build, folder = _builder(), _folder(edition)
+    sources = build.tomllib.loads((SITE / "sources.toml").read_text())["source"]
+    guides = build.EDITIONS[edition]["guides"]
+    expected = ["index.html", *(f"{folder}/{lesson.file[:-6]}.html" for lesson in COURSE.lessons),
+                *(f"{page[:-3]}.html" for page in guides), *(f"credits/{s['slug']}.html" for s in sources)]
     assert all((site / page).is_file() for page in expected), [p for p in expected if not (site / p).is_file()]
+    assert (site / "docs" / "instructors.html").is_file() == (edition == "instructor")  # the guide holds the answers
     landing = (site / "index.html").read_text(encoding="utf-8")
-    order = [landing.index(f'href="lessons/{lesson.file[:-6]}.html"') for lesson in COURSE.lessons]
+    order = [landing.index(f'href="{folder}/{lesson.file[:-6]}.html"') for lesson in COURSE.lessons]
     assert order == sorted(order)  # the sidebar lists the lessons in the manifest's order
-    lists = _builder().sources_lists(COURSE)
+    lists = build.sources_lists(COURSE)
     for source in sources:  # each credits page lists, and links to, the lessons that cite it
         text = (site / "credits" / f"{source['slug']}.html").read_text(encoding="utf-8")
-        cited = _builder().lessons_citing(lists, source["cite"])
-        assert cited and all(f'href="../lessons/{lesson.file[:-6]}.html"' in text for lesson in cited)
+        cited = build.lessons_citing(lists, source["cite"])
+        assert cited and all(f'href="../{folder}/{lesson.file[:-6]}.html"' in text for lesson in cited)
 
 
 def test_every_internal_link_and_anchor_resolves(site):
@@ -122,14 +143,93 @@ def test_links_to_files_that_are_not_pages_go_to_github_and_badges_are_local():
                          staged, "me/course", "main") == "![h](../badges/colab.svg)"
 
 
-def test_solutions_are_folded_and_still_widgets_are_labelled(site):
+def test_solutions_are_folded_only_in_the_instructor_edition_and_still_widgets_are_labelled(site, edition):
     for lesson in COURSE.lessons:
-        text = (site / "lessons" / f"{lesson.file[:-6]}.html").read_text(encoding="utf-8")
+        text = (site / _folder(edition) / f"{lesson.file[:-6]}.html").read_text(encoding="utf-8")
         nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
         exercise_cells = sum(is_solution(c) or is_grade(c) for c in nb.cells)  # each answer and its check
-        assert text.count("tag_hide-cell") == exercise_cells >= 4
+        assert exercise_cells >= 4
+        assert text.count("tag_hide-cell") == (exercise_cells if edition == "instructor" else 0)
         views = sum(VIEW in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert text.count("A still copy: this widget shows the state") == views
+
+
+class _Text(html.parser.HTMLParser):
+    """A page's text as a reader sees it (highlighting splits code into many tags)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def _site_text(site: Path) -> dict[str, str]:
+    """Every file of a built site as text: an HTML page's text, any other text file as it is."""
+    texts = {}
+    for path in site.rglob("*"):
+        if not path.is_file() or path.suffix in (".png", ".svg", ".woff", ".woff2", ".ico", ".ttf", ".eot"):
+            continue
+        raw = path.read_text(encoding="utf-8", errors="replace")
+        if path.suffix == ".html":
+            parser = _Text()
+            parser.feed(raw)
+            raw = "".join(parser.parts)
+        texts[str(path.relative_to(site))] = raw
+    return texts
+
+
+def _answers() -> list[str]:
+    """What only the answers hold: each solution's lines that the learner's page doesn't show anyway (its
+    stub keeps a signature; a lesson may show the package's code an exercise rewrites), each exercise
+    check's stored output, and each of the guide's "Answer: ..." lines."""
+    found = []
+    for lesson in COURSE.lessons:
+        nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
+        page = _page_notebook(lesson, "learner")
+        stub = "\n".join([c.source for c in page.cells] + [o.get("text", "") + o.get("data", {}).get("text/plain", "")
+                                                            for c in page.cells if c.cell_type == "code"
+                                                            for o in c.outputs])
+        for cell in nb.cells:
+            if is_solution(cell):
+                inside = False
+                for line in cell.source.splitlines():
+                    if "BEGIN SOLUTION" in line or "END SOLUTION" in line:
+                        inside = "BEGIN" in line
+                    elif inside and len(line.strip()) >= 8 and line.strip() not in stub:
+                        found.append(line.strip())
+            if is_grade(cell):
+                found += [line.strip() for o in cell.outputs for line in o.get("text", "").splitlines()
+                          if len(line.strip()) >= 8]
+    guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
+    found += re.findall(r"Answer:[^\n]*", guide)
+    return found
+
+
+def test_the_learner_edition_holds_no_solution_check_result_or_guide_answer(site, edition):
+    answers = _answers()
+    assert len(answers) >= 3 * len(COURSE.lessons)
+    texts = _site_text(site)
+    leaks = sorted({f"{name}: {answer[:80]!r}" for answer in answers for name, text in texts.items() if answer in text})
+    if edition == "learner":
+        assert leaks == []
+    else:  # the same scan finds every answer in the instructor edition: it is not looking for nothing
+        missing = [a for a in answers if not any(a in text for text in texts.values())]
+        assert missing == [], missing[:5]
+
+
+def test_each_lesson_page_says_its_edition_and_its_buttons_open_that_edition(site, edition):
+    banner = _builder().EDITIONS[edition]["banner"].split(":")[0]
+    folder = _folder(edition)
+    for path in [site / "index.html", *(site / folder / f"{lesson.file[:-6]}.html" for lesson in COURSE.lessons)]:
+        assert banner in path.read_text(encoding="utf-8"), path
+    for lesson in COURSE.lessons:
+        text = (site / folder / f"{lesson.file[:-6]}.html").read_text(encoding="utf-8")
+        opened = set(re.findall(r'href="https://(?:colab\.research\.google\.com/github/[^"]*?/blob/[^/"]+/|'
+                                r'mybinder\.org/v2/gh/[^"]*?lab/tree/)([^"]+\.ipynb)"', text))
+        # the theme's launch buttons and the lesson's own badges, all at this edition's folder
+        assert opened == {f"{folder}/{lesson.file}"}, opened
 
 
 def test_the_vendored_javascript_is_what_its_sources_file_lists():
@@ -183,13 +283,14 @@ def _open(browser, url: str, base: str):
     return page, errors, outside
 
 
-def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(browser, served):
+def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(browser, served, edition):
     stored_title = re.compile(r"^# (.+)$", re.M)
     pages = [("index.html", stored_title.search((ROOT / "README.md").read_text()).group(1), 0, 0)]
+    banner = _builder().EDITIONS[edition]["banner"].split(":")[0]
     for lesson in COURSE.lessons:
-        nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
+        nb = _page_notebook(lesson, edition)
         outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-        pages.append((f"lessons/{lesson.file[:-6]}.html", f"{lesson.number} · {lesson.title}",
+        pages.append((f"{_folder(edition)}/{lesson.file[:-6]}.html", f"{lesson.number} · {lesson.title}",
                       sum("image/png" in o.get("data", {}) for o in outputs),
                       sum(VIEW in o.get("data", {}) for o in outputs)))
     problems = []
@@ -204,6 +305,8 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
         text = page.inner_text("body")
         if heading != title:
             problems.append(f"{path}: heading {heading!r}, not {title!r}")
+        if not page.locator(".bd-header-announcement", has_text=banner).is_visible():
+            problems.append(f"{path}: no visible banner saying {banner!r}")
         if len([s for s in sizes if s[0] > 0 and s[1] > 0]) < figures or any(0 in s for s in sizes):
             problems.append(f"{path}: images {sizes}, {figures} stored figures")
         for raw in ("model_id", VIEW, "Error rendering widget", "Loading widget"):
@@ -215,7 +318,7 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
                                                     ".length")
         if cut:
             problems.append(f"{path}: {cut} code block(s) cut off at 1280 pixels")
-        if path.startswith("lessons/05"):
+        if path.startswith(f"{_folder(edition)}/05") and edition == "learner":
             page.locator(".cell_output .jupyter-widgets").first.scroll_into_view_if_needed()
             page.screenshot(path=str(ROOT / "build" / "site-lesson-05.png"))
         page.close()
@@ -223,11 +326,11 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
     assert (ROOT / "build" / "site-lesson-05.png").stat().st_size > 10_000
 
 
-def test_search_finds_the_lessons(browser, served):
+def test_search_finds_the_lessons(browser, served, edition):
     page, errors, outside = _open(browser, f"{served}/search.html?q=MirroredStrategy", served)
     page.wait_for_selector("#search-results ul.search li", timeout=30_000)
     found = page.eval_on_selector_all("#search-results ul.search li a",
                                       "links => links.map(a => a.getAttribute('href'))")
     page.close()
-    assert sum(link.startswith("lessons/") for link in found) >= 3, found
+    assert sum(link.startswith(f"{_folder(edition)}/") for link in found) >= 3, found
     assert errors == [] and outside == []

@@ -2,16 +2,26 @@
 
 The website is the course as it is stored: the README as the landing page, every lesson of
 lessons/course.toml (in its order, as the table of contents) with its stored outputs, figures and
-widgets, the instructors' guide and the other guides, and a credits page for each source tutorial
-(docs/site/sources.toml). Nothing is executed and nothing is downloaded: Sphinx with myst-nb and
-sphinx-book-theme, all from PyPI, and the widget manager and MathJax vendored from npm
-(docs/site/vendor_js.py).
+widgets, the guides, and a credits page for each source tutorial (docs/site/sources.toml). Nothing
+is executed and nothing is downloaded: Sphinx with myst-nb and sphinx-book-theme, all from PyPI,
+and the widget manager and MathJax vendored from npm (docs/site/vendor_js.py).
 
-The pages are staged into build/site-src first, keeping the repository's paths, so a link that
-works on GitHub works on the site. Staging changes only what a website needs: links to files that
-are not pages point at the file on GitHub (at the course's ref), the Colab and Binder badge images
-are local copies, and each exercise's solution cell is folded away (it opens with a click). Then
-Sphinx builds with warnings as errors.
+It comes in two editions, and every page says which one it is:
+
+- the **learner edition** (the default, what GitHub Pages publishes): each lesson page is the
+  student version, at ``student/`` as in the repository (exercises stubbed, checks without their
+  hidden asserts, no output under an exercise or its check), with the stored outputs of every
+  other cell; its Colab and Binder buttons open the student version. The instructors' guide,
+  which holds every answer, is left out.
+- the **instructor edition** (``--edition instructor``, into build/site-instructor): the lessons
+  as stored at ``lessons/``, each exercise's solution and check folded away (they open with a
+  click), and the instructors' guide. For the teaching team, not for students.
+
+The pages are staged into build/site-src (build/site-instructor-src) first, keeping the
+repository's paths, so a link that works on GitHub works on the site. Staging changes only what
+a website needs: links to files that are not pages point at the file on GitHub (at the course's
+ref), and the Colab and Binder badge images are local copies. Then Sphinx builds with warnings as
+errors.
 """
 
 from __future__ import annotations
@@ -37,11 +47,21 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from mgpu_edu import course  # noqa: E402 - this checkout's package
+from mgpu_edu.assignments import student_version  # noqa: E402
 from mgpu_edu.preprocessors import is_grade, is_solution  # noqa: E402
 
 # Pages besides the lessons (repository paths), listed in this order under their own caption
 GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "docs/style.md", "benchmarks/results.md",
           "benchmarks/results-binder.md"]
+GUIDE = "docs/instructors.md"  # every exercise's answer: only in the instructor edition
+EDITIONS = {
+    "learner": {"folder": course.STUDENT, "guides": [g for g in GUIDES if g != GUIDE], "caption": "For contributors",
+                "banner": "Learner edition: the exercises are yours to solve; no solutions here. "
+                          "The buttons open them in Colab or on Binder."},
+    "instructor": {"folder": "lessons", "guides": GUIDES, "caption": "For instructors and contributors",
+                   "banner": "Instructor edition: every solution (folded) and the instructors' guide with its "
+                             "answers. For the teaching team: publish the learner edition to students."},
+}
 BADGES = {"https://colab.research.google.com/assets/colab-badge.svg": "badges/colab.svg",
           "https://mybinder.org/badge_logo.svg": "badges/binder.svg"}
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s]+)(\))")
@@ -89,12 +109,12 @@ def lessons_citing(lists: dict[course.Lesson, list[str]], cite: str) -> list[cou
     return [lesson for lesson, items in lists.items() if any(item.lower().startswith(cite.lower()) for item in items)]
 
 
-def credits_page(source: dict, lists: dict[course.Lesson, list[str]]) -> str:
+def credits_page(source: dict, lists: dict[course.Lesson, list[str]], folder: str = "lessons") -> str:
     lessons = lessons_citing(lists, source["cite"])
     if not lessons:
         raise ValueError(f"no lesson's Sources list cites {source['cite']!r} "
                          f"(docs/site/sources.toml, {source['slug']}): fix the cite or the lessons.")
-    listed = "\n".join(f"- [{lesson.number} · {lesson.title}](../lessons/{lesson.file})" for lesson in lessons)
+    listed = "\n".join(f"- [{lesson.number} · {lesson.title}](../{folder}/{lesson.file})" for lesson in lessons)
     return (f"# {source['name']}\n\nOne of the five tutorials this course teaches from. What it covers:\n\n"
             f"{source['about'].strip()}\n\n## Where the course teaches it\n\n{listed}\n\n"
             "The course doesn't copy its text or code: each lesson teaches the same ideas in its own words, with "
@@ -106,24 +126,43 @@ def toctree(caption: str, entries: list[str]) -> str:
     return "\n".join(["", "```{toctree}", ":hidden:", f":caption: {caption}", "", *entries, "```", ""])
 
 
-def stage(target: Path) -> course.Course:
-    """Copy and generate every page into ``target``; return the course."""
+def learner_notebook(nb, file: str, repo: str, ref: str):
+    """A lesson's page in the learner edition: its student version (solutions stubbed, checks without their
+    hidden asserts, badges and Colab cell opening ``student/``), with the lesson's stored outputs and saved
+    widget state, except under an exercise's answer cell and its check, which show none."""
+    student = student_version(nb, name=file)
+    course.configure_notebook(student, file, repo, ref, course.STUDENT)
+    if [c.get("id") for c in student.cells] != [c.get("id") for c in nb.cells]:
+        raise ValueError(f"{file}: its student version's cells don't match the lesson's one for one")
+    for page_cell, stored in zip(student.cells, nb.cells, strict=True):
+        if stored.cell_type == "code" and not (is_solution(stored) or is_grade(stored)):
+            page_cell.outputs, page_cell.execution_count = stored.outputs, stored.execution_count
+    if "widgets" in nb.metadata:
+        student.metadata["widgets"] = nb.metadata["widgets"]
+    return student
+
+
+def stage(target: Path, edition: str = "learner") -> course.Course:
+    """Copy and generate every page of an edition ("learner" or "instructor") into ``target``; return the course."""
     known = course.load(ROOT / "lessons")
     sources = tomllib.loads((HERE / "sources.toml").read_text(encoding="utf-8"))["source"]
+    folder, guides = EDITIONS[edition]["folder"], EDITIONS[edition]["guides"]
     shutil.rmtree(target, ignore_errors=True)
-    (target / "lessons").mkdir(parents=True)
+    (target / folder).mkdir(parents=True)
     shutil.copytree(HERE / "badges", target / "badges")
-    lesson_pages = [f"lessons/{lesson.file}" for lesson in known.lessons]
-    staged = {"index.md", *lesson_pages, *GUIDES, *BADGES.values(), *(f"credits/{s['slug']}.md" for s in sources)}
-    for page in lesson_pages:
-        nb = nbformat.read(ROOT / page, as_version=4)
+    lesson_pages = [f"{folder}/{lesson.file}" for lesson in known.lessons]
+    staged = {"index.md", *lesson_pages, *guides, *BADGES.values(), *(f"credits/{s['slug']}.md" for s in sources)}
+    for lesson, page in zip(known.lessons, lesson_pages, strict=True):
+        nb = nbformat.read(known.folder / lesson.file, as_version=4)
+        if edition == "learner":
+            nb = learner_notebook(nb, lesson.file, known.repo, known.ref)
         saved = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
         cells = []
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 cell.source = rewrite(cell.source, page, staged, known.repo, known.ref)
-            elif is_solution(cell) or is_grade(cell):  # folded: the answer and its check open with a click
-                cell.metadata.setdefault("tags", []).append("hide-cell")
+            elif edition == "instructor" and (is_solution(cell) or is_grade(cell)):
+                cell.metadata.setdefault("tags", []).append("hide-cell")  # folded: opens with a click
             views = [o["data"][WIDGET_VIEW]["model_id"] for o in cell.get("outputs", [])
                      if WIDGET_VIEW in o.get("data", {})]
             if views:
@@ -135,17 +174,18 @@ def stage(target: Path) -> course.Course:
             cells.append(cell)
         nb.cells = cells
         nbformat.write(nb, target / page)
-    for page in GUIDES:
+    for page in guides:
         (target / page).parent.mkdir(parents=True, exist_ok=True)
         text = (ROOT / page).read_text(encoding="utf-8")
         (target / page).write_text(rewrite(text, page, staged, known.repo, known.ref), encoding="utf-8")
     (target / "credits").mkdir()
     lists = sources_lists(known)
     for source in sources:
-        (target / "credits" / f"{source['slug']}.md").write_text(credits_page(source, lists), encoding="utf-8")
+        (target / "credits" / f"{source['slug']}.md").write_text(credits_page(source, lists, folder),
+                                                                  encoding="utf-8")
     landing = rewrite((ROOT / "README.md").read_text(encoding="utf-8"), "README.md", staged, known.repo, known.ref)
     landing += toctree("Lessons", [page.removesuffix(".ipynb") for page in lesson_pages])
-    landing += toctree("For instructors and contributors", [page.removesuffix(".md") for page in GUIDES])
+    landing += toctree(EDITIONS[edition]["caption"], [page.removesuffix(".md") for page in guides])
     landing += toctree("Sources", [f"credits/{s['slug']}" for s in sources])
     (target / "index.md").write_text(landing, encoding="utf-8")
     return known
@@ -153,22 +193,29 @@ def stage(target: Path) -> course.Course:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "build" / "site", help="default build/site")
+    parser.add_argument("--edition", choices=list(EDITIONS), default="learner",
+                        help="learner (default): exercises without solutions, what students get; instructor: "
+                        "solutions folded and the instructors' guide")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default build/site (learner edition) or build/site-instructor")
     args = parser.parse_args()
+    out = args.out or ROOT / "build" / ("site" if args.edition == "learner" else f"site-{args.edition}")
     start = time.perf_counter()
-    source = args.out.parent / f"{args.out.name}-src"
-    known = stage(source)
-    env = {**os.environ, "MGPU_EDU_SITE_REPO": known.repo, "MGPU_EDU_SITE_REF": known.ref}
-    html = args.out / "html"
+    source = out.parent / f"{out.name}-src"
+    known = stage(source, args.edition)
+    env = {**os.environ, "MGPU_EDU_SITE_REPO": known.repo, "MGPU_EDU_SITE_REF": known.ref,
+           "MGPU_EDU_SITE_EDITION": args.edition, "MGPU_EDU_SITE_BANNER": EDITIONS[args.edition]["banner"]}
+    html = out / "html"
     shutil.rmtree(html, ignore_errors=True)
     command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "-c", str(HERE),
-               "-d", str(args.out / "doctrees"), str(source), str(html)]
+               "-d", str(out / "doctrees"), str(source), str(html)]
     result = subprocess.run(command, env=env, cwd=ROOT)
     if result.returncode:
         return result.returncode
     pages = sorted(html.rglob("*.html"))
-    print(f"built {len(pages)} pages into {html.relative_to(ROOT) if html.is_relative_to(ROOT) else html} "
-          f"in {time.perf_counter() - start:.1f} s; open {html / 'index.html'}")
+    shown = html.relative_to(ROOT) if html.is_relative_to(ROOT) else html
+    print(f"built the {args.edition} edition, {len(pages)} pages, into {shown} in {time.perf_counter() - start:.1f} s; "
+          f"open {html / 'index.html'}")
     return 0
 
 

@@ -19,7 +19,8 @@ nb_ipywidgets_js = {"vendor/html-manager/embed.js": {}}  # not the CDN myst-nb w
 mathjax_path = "vendor/mathjax/tex-chtml.js"  # not the CDN Sphinx would use
 html_static_path = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_static")]
 html_css_files = ["course.css"]  # long code lines wrap instead of being cut off
-html_title = "mgpu_edu: multi-GPU training with TensorFlow and Keras"
+EDITION = os.environ["MGPU_EDU_SITE_EDITION"]  # "learner" or "instructor" (build.py's --edition)
+html_title = f"mgpu_edu: multi-GPU training with TensorFlow and Keras ({EDITION} edition)"
 html_theme = "sphinx_book_theme"
 html_last_updated_fmt = None
 html_context = {"default_mode": "light"}  # with none, the theme logs a console error on a first visit
@@ -32,4 +33,5 @@ html_theme_options = {
     "launch_buttons": {"binderhub_url": "https://mybinder.org", "colab_url": "https://colab.research.google.com",
                        "notebook_interface": "jupyterlab"},
     "show_toc_level": 2,
+    "announcement": os.environ["MGPU_EDU_SITE_BANNER"],  # on every page: which edition this is
 }
