@@ -62,7 +62,7 @@ def test_the_fork_guide_works_as_written(tmp_path):
         assert f"colab.research.google.com/github/OWNER/NAME/blob/{tag}/{folder}/03_allreduce.ipynb" in lesson
         assert f"mgpu-edu @ git+https://github.com/OWNER/NAME@{tag}" in lesson
     assert "BEGIN SOLUTION" not in at_tag("student/02_data_parallel.ipynb")  # the students' copy has no answers
-    assert f"blob/{tag}/lessons/00_devices.ipynb" in at_tag("README.md")
+    assert f"blob/{tag}/student/00_devices.ipynb" in at_tag("README.md")  # the buttons open the student versions
     assert re.search(rf'ref = "{tag}"', at_tag("lessons/course.toml"))
 
     # the package installs from the fork's tag, the lessons inside it pointing at the fork
