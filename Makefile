@@ -23,10 +23,11 @@ $(STAMP): pyproject.toml
 		$(BIN)/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$part >/dev/null 2>&1 || exit 1; done
 	touch $@
 
-# Open the lessons in JupyterLab 4 (--allow-root only when run as root, e.g. in a container).
+# JupyterLab 4 in the repository root: exercises in student/, the solved lessons in lessons/ (--allow-root
+# only when run as root, e.g. in a container).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
-	$(BIN)/jupyter lab $(ROOT_FLAG) lessons/
+	$(BIN)/jupyter lab $(ROOT_FLAG)
 
 # Every test, in every environment the course promises (what CI runs; about an hour on 2 cores).
 test: test-main test-colab test-binder test-py310 budgets
@@ -83,7 +84,9 @@ lint: setup
 
 # Re-execute every lesson in place, refreshing its stored outputs (run after editing one), then
 # point its badges and Colab cell at lessons/course.toml's repo and ref and strip run metadata.
+# LESSONS=lessons/03_allreduce.ipynb re-executes one lesson only.
+LESSONS ?= lessons/*.ipynb
 lessons: setup
 	MGPU_EDU_PLATFORM=local $(BIN)/jupyter nbconvert --to notebook --execute --inplace \
-		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False lessons/*.ipynb
+		--ExecutePreprocessor.timeout=600 --ExecutePreprocessor.record_timing=False $(LESSONS)
 	$(BIN)/python -m mgpu_edu.course .

@@ -233,6 +233,17 @@ def _notebooks(source: Path, example: str = "mgpu-edu student my-lessons handout
     return found
 
 
+def _read_notebook(path: Path) -> Any:
+    """A lesson notebook read with nbformat; a file that isn't one is a ValueError naming it."""
+    import nbformat
+
+    try:
+        return nbformat.read(path, as_version=4)
+    except (ValueError, KeyError, AttributeError) as error:  # NotJSONError is a ValueError; so is a bad schema
+        raise ValueError(f"{str(path)!r} is not a notebook file ({' '.join(str(error).split())[:120]}): "
+                         "remove it from the folder, or replace it with the .ipynb it should be") from None
+
+
 def without_exercises(paths: Sequence[Path]) -> list[Path]:
     """The notebooks among paths that hold no exercise: no solution region and no ``check.*`` call.
 
@@ -264,10 +275,10 @@ def write_student_versions(source: Path, destination: Path, force: bool = False)
     notebooks = _notebooks(source)
     if destination.exists() and not destination.is_dir():
         raise FileExistsError(f"{str(destination)!r} exists and is not a folder. Give a folder for the "
-                              "student versions, for example: student")
+                              "student versions, for example: handout")
     if destination.resolve() == (source if source.is_dir() else source.parent).resolve():
         raise ValueError(f"{str(destination)!r} is the folder the instructor versions are in: writing there "
-                         "would replace them. Choose another folder, for example: student")
+                         "would replace them. Choose another folder, for example: handout")
     targets = [destination / path.name for path in notebooks]
     existing = [str(t) for t in targets if t.exists()]
     if existing and not force:
@@ -275,8 +286,7 @@ def write_student_versions(source: Path, destination: Path, force: bool = False)
                               "Pass --force to overwrite them, or choose an empty folder.")
     converted = []
     for path in notebooks:  # convert all before writing any, so a bad notebook leaves nothing half-done
-        nb = nbformat.read(path, as_version=4)
-        converted.append(student_version(nb, name=path.name))
+        converted.append(student_version(_read_notebook(path), name=path.name))
     destination.mkdir(parents=True, exist_ok=True)
     for nb, target in zip(converted, targets, strict=True):
         nbformat.write(nb, target)
@@ -306,7 +316,7 @@ def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) 
     wanted: dict[Path, str] = {}
     for lesson in known.lessons:
         nb = student_version(nbformat.read(lessons / lesson.file, as_version=4), name=lesson.file)
-        course.configure_notebook(nb, lesson.file, known.repo, known.ref, folder)
+        course.configure_notebook(nb, lesson.file, known.repo, known.ref, folder, gpu=lesson.tensorflow)
         text = nbformat.writes(nb)
         wanted[student / lesson.file] = text if text.endswith("\n") else text + "\n"
     wanted[student / MANIFEST] = known.manifest.read_text(encoding="utf-8")
@@ -355,6 +365,7 @@ def write_nbgrader_course(source: Path, course: Path, course_id: str = "mgpu_edu
                               "for example: course")
     targets = {course / "nbgrader_config.py": NBGRADER_CONFIG.format(course_id=course_id).encode()}
     for path in notebooks:
+        _read_notebook(path)  # a file that isn't a notebook is refused here, before anything is written
         targets[course / "source" / path.stem / path.name] = path.read_bytes()
     existing = [str(t) for t in targets if t.exists() and t.read_bytes() != targets[t]]
     if existing and not force:
@@ -381,6 +392,16 @@ class ExerciseResult:
     message: str
 
 
+def _evalue(error: Any) -> str:
+    """An error output's message, with IPython's name for a cell's file ("1234567.py") said plainly.
+
+    Example:
+        >>> _evalue({"evalue": "expected ':' (565971781.py, line 1)"})
+        "expected ':' (line 1 of that cell)"
+    """
+    return re.sub(r"\(\d+\.py, line (\d+)\)", r"(line \1 of that cell)", str(error.get("evalue", "")))
+
+
 def _error(cell: Any) -> Any:
     """The cell's error output, or None."""
     return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
@@ -405,9 +426,9 @@ def exercise_results(nb: Any, name: str) -> list[ExerciseResult]:
         status, message = "error", "the cell printed no feedback (it raised an error, or was never run)"
         for output in cell.get("outputs", []):
             if output.get("output_type") == "error":
-                status, message = "error", f"{output.get('ename')}: {output.get('evalue')}"
+                status, message = "error", f"{output.get('ename')}: {_evalue(output)}"
                 if output.get("ename") == "NameError" and before is not None:
-                    message = (f"your cell above raised {before.get('ename')}: {before.get('evalue')}; so the check "
+                    message = (f"your cell above raised {before.get('ename')}: {_evalue(before)}; so the check "
                                f"found nothing to check ({message})")
                 break
             text = output.get("text", "") if output.get("output_type") == "stream" else ""
@@ -424,9 +445,14 @@ def _read_handed_in(path: Path) -> Any:
     import nbformat
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist. Give the notebooks to grade, "
+        pattern = " (a pattern that matched no file?)" if any(c in str(path) for c in "*?[") else ""
+        raise FileNotFoundError(f"{str(path)!r} does not exist{pattern}. Give the notebooks to grade, "
                                 "for example: mgpu-edu grade submissions/*.ipynb")
-    return nbformat.read(path, as_version=4)
+    try:
+        return nbformat.read(path, as_version=4)
+    except (ValueError, KeyError, AttributeError) as error:  # NotJSONError is a ValueError; so is a bad schema
+        raise ValueError(f"{str(path)!r} is not a notebook file ({' '.join(str(error).split())[:120]}): ask for "
+                         "the .ipynb again (in Jupyter or Colab: File → Download → .ipynb)") from None
 
 
 def run_notebook(path: Path, timeout: int = 600) -> Any:
@@ -460,4 +486,9 @@ def grade(path: Path, execute: bool = True, timeout: int = 600) -> list[Exercise
     Errors in the student's cells don't stop the run; the exercise they break is graded "error".
     """
     nb = run_notebook(path, timeout) if execute else _read_handed_in(path)
-    return exercise_results(nb, str(path))
+    results = exercise_results(nb, str(path))
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    if results and not execute and not any(cell.get("outputs") or cell.get("execution_count") for cell in code):
+        raise ValueError(f"{str(path)!r} has no saved outputs: it was handed in without being run, so there is "
+                         "no feedback to read. Grade it without --no-execute, which runs it.")
+    return results

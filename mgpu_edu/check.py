@@ -229,8 +229,10 @@ def _judge(answer: float, expected: float, correct: str, mistakes: Sequence[tupl
     return _report("wrong", f"{_show(answer)} is not it{otherwise}")
 
 
-def device_names(answer: Any, expected: list[str]) -> Feedback:
-    """Lesson 01, exercise 1: the names to hand ``tf.device`` for the first logical devices."""
+def device_names(answer: Any, devices: Any, count: int = 2) -> Feedback:
+    """Lesson 01, exercise 1: the names to hand ``tf.device`` for the first ``count`` of ``devices``
+    (the layout ``setup_devices`` returned, or a list of device names)."""
+    expected = [str(name) for name in list(devices)[:count]]
     if _unsolved(answer):
         return _report("unsolved", "set `names` to a list of device-name strings.")
     if isinstance(answer, (list, tuple)) and answer and all(isinstance(getattr(a, "name", None), str)
@@ -270,39 +272,53 @@ def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int =
                   ". Bytes = (devices that don't hold it) × elements × bytes each.")
 
 
-def shard_sizes_function(fn: Any) -> Feedback:
-    """Lesson 02, exercise 1: a function (batch, n) -> shard sizes, as mgpu_edu.parallel.shard_sizes."""
+def shard_bounds_function(fn: Any) -> Feedback:
+    """Lesson 02, exercise 1: a function (batch, n) -> each shard's (start, stop), by shard_sizes' rule.
+
+    Right when ``x[start:stop]`` is each tower's shard, in order: the pieces ``tf.split(x,
+    shard_sizes(batch, n))`` cuts (tests/test_check.py compares the two with TensorFlow).
+    """
     if _unsolved(fn):
-        return _report("unsolved", "define `my_shard_sizes(batch, n)` and pass it to the check.")
+        return _report("unsolved", "define `my_shard_bounds(batch, n)` and pass it to the check.")
     if not callable(fn):
         return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
-                                "itself: check.shard_sizes_function(my_shard_sizes), no parentheses.")
-    cases = [(10, 4), (8, 4), (3, 4), (1, 2), (17, 5), (0, 3)]
-    for batch, n in cases:
+                                "itself: check.shard_bounds_function(my_shard_bounds), no parentheses.")
+    for batch, n in [(10, 4), (8, 4), (30, 4), (3, 4), (17, 5), (0, 3)]:
         try:
             got = fn(batch, n)
         except Exception as error:  # a learner's code may raise anything
-            return _report("wrong", f"my_shard_sizes({batch}, {n}) raised {type(error).__name__}: {error}.")
+            return _report("wrong", f"my_shard_bounds({batch}, {n}) raised {type(error).__name__}: {error}.")
         if _unsolved(got):
-            return _unsolved_function("my_shard_sizes", got)
-        sizes = _whole_numbers(got)
-        if sizes is None:
-            return _report("wrong", f"my_shard_sizes({batch}, {n}) returned {type(got).__name__} {got!r}. Return "
-                                    "a list of whole numbers, the size of each shard (not the shards themselves).")
-        got = sizes
-        want = shard_sizes(batch, n)
-        if got == want:
+            return _unsolved_function("my_shard_bounds", got)
+        sizes = shard_sizes(batch, n)
+        want, start = [], 0
+        for size in sizes:
+            want.append((start, start + size))
+            start += size
+        try:
+            pairs = [tuple(_whole_numbers(pair)) for pair in got]
+        except TypeError:  # an item that isn't a pair of whole numbers
+            pairs = None
+        if pairs is None or any(len(pair) != 2 for pair in pairs):
+            if _whole_numbers(got) == sizes:
+                return _report("wrong", f"my_shard_bounds({batch}, {n}) returned the shard sizes {sizes}: turn "
+                                        "them into (start, stop) pairs, each shard starting where the last stopped.")
+            return _report("wrong", f"my_shard_bounds({batch}, {n}) returned {got!r}: return a list of n "
+                                    "(start, stop) pairs of whole numbers, one per tower.")
+        if pairs == want:
             continue
-        if sum(got) != batch:
-            return _report("wrong", f"my_shard_sizes({batch}, {n}) = {got} covers {sum(got)} examples, not {batch}. "
-                                    "Give the remainder batch % n to the first shards, one each.")
-        if sorted(got) == sorted(want):
-            return _report("wrong", f"my_shard_sizes({batch}, {n}) = {got}: right sizes, wrong order. "
-                                    "Put the larger shards first.")
-        return _report("wrong", f"my_shard_sizes({batch}, {n}) = {got}, expected {want}: sizes may differ by "
-                                "at most 1.")
-    return _report("correct", "every example lands in exactly one shard, and no tower waits for a much "
-                              "bigger one: shards differ by at most one example.")
+        if len(pairs) != n:
+            return _report("wrong", f"my_shard_bounds({batch}, {n}) gave {len(pairs)} pairs: one per tower, so {n}.")
+        if [b - a for a, b in pairs] == [size - 1 for size in sizes]:
+            return _report("wrong", f"my_shard_bounds({batch}, {n}) = {pairs}: a slice x[start:stop] stops "
+                                    "*before* stop, so stop is start + size, not start + size - 1.")
+        if [b - a for a, b in pairs] == sizes:
+            return _report("wrong", f"my_shard_bounds({batch}, {n}) = {pairs}: right sizes, but each shard must "
+                                    "start where the one before it stopped, the first at 0.")
+        return _report("wrong", f"my_shard_bounds({batch}, {n}) = {pairs}, expected {want}: shards of sizes "
+                                f"{sizes} (parallel.shard_sizes), one after the other.")
+    return _report("correct", "each tower slices exactly its own shard, the pieces tf.split(x, sizes) cuts, in "
+                              "order: so concatenating the towers' outputs gives back the batch's order (step 5).")
 
 
 def combine_function(fn: Any) -> Feedback:

@@ -113,18 +113,41 @@ def _badges(args: argparse.Namespace) -> int:
         from mgpu_edu.assignments import refresh_student_folder
 
         changed += refresh_student_folder(lessons, student)
+    elif folder == course.STUDENT and root is not None and (root / "lessons" / course.MANIFEST).is_file():
+        print(f"note: {course.STUDENT}/ is generated from lessons/: `mgpu-edu badges` without --lessons "
+              "regenerates it, and points it at your fork too.", file=sys.stderr)
     for path in changed:
         print(f"updated {_shown(path)}")
     where = f"{args.repo}@{ref}"
-    print(f"{len(changed)} file(s) changed; badges and Colab installs point at {where}, folder {folder}/."
-          if changed else f"Nothing to change: every lesson already points at {where}, folder {folder}/.")
+    what = "lessons/, student/ and the README" if folder == "lessons" and readme is not None else f"{folder}/"
+    print(f"{len(changed)} file(s) changed; the badges and Colab installs of {what} point at {where}."
+          if changed else f"Nothing to change: {what} already point at {where}.")
     if changed and not args.ref:  # the ref came from the manifest: perhaps the original release's tag
         print(f"Tip: give your fork its own --ref (e.g. fall-2027). Without one the badges point at {ref}, "
               "and if that is the original release's tag, Colab opens the original lessons.")
     elif changed:
-        print(f"Next: commit, then make {ref!r} exist on GitHub (git tag {ref} && git push origin "
-              f"{ref}, or push the branch): Colab installs and opens that ref.")
+        print(_publish_hint(root, ref))
     return 0
+
+
+def _publish_hint(root: Path | None, ref: str) -> str:
+    """What to do after badges changed files: make ref exist on GitHub, the way that fits what ref is now."""
+    import shutil
+    import subprocess
+
+    def exists(kind: str) -> bool:
+        return subprocess.run(["git", "rev-parse", "-q", "--verify", f"refs/{kind}/{ref}"], cwd=root,
+                              capture_output=True, check=False).returncode == 0
+
+    if root is not None and shutil.which("git"):
+        if exists("tags"):
+            return (f"Next: commit. {ref!r} is already a tag, and a tag doesn't move: Colab and Binder would keep "
+                    f"opening what it holds, without these changes. Run badges again with a new --ref (e.g. "
+                    f"{ref}-2), commit, and tag that.")
+        if exists("heads"):
+            return f"Next: commit and push the branch (git push origin {ref}): Colab installs and opens it."
+    return (f"Next: commit, then tag the commit and push it (git tag {ref} && git push origin HEAD {ref}): "
+            "Colab installs and opens that tag.")
 
 
 def _student(args: argparse.Namespace) -> int:
@@ -281,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   "runs, outputs and hidden tests are cleared, and the check calls stay, so an "
                                   "unsolved exercise reports 'not solved yet'.")
     student.add_argument("src", metavar="SRC", help="instructor notebook, or folder of them (e.g. lessons)")
-    student.add_argument("dst", metavar="DST", help="folder for the student versions (e.g. student)")
+    student.add_argument("dst", metavar="DST", help="folder for the student versions (e.g. handout; the "
+                         "course's own student/ is kept up to date by badges)")
     student.add_argument("--force", action="store_true", help="overwrite student versions already in DST")
     student.set_defaults(run=_student)
 

@@ -96,6 +96,9 @@ def check_slug(repo: str) -> str:
             f"{repo!r} is not a GitHub repository slug. Write it as OWNER/NAME, for example "
             "'my-school/mgpu_edu' (letters, digits, '-', '.', '_')."
         )
+    if repo.lower().endswith(".git"):  # a clone URL's tail: Colab's and Binder's links would not open
+        raise ValueError(f"{repo!r} ends in .git, which Colab's and Binder's links don't take: "
+                         f"write it without, as {repo[:-4]!r}.")
     return repo
 
 
@@ -225,6 +228,17 @@ def badge_row(lesson: str, repo: str, ref: str, folder: str = "lessons") -> str:
     )
 
 
+def student_badges(source: str) -> str:
+    """A badge row's links moved from ``lessons/`` to the student versions' folder: a student version's
+    buttons must open a student version, never the lesson with its solutions.
+
+    Example:
+        >>> student_badges(badge_row("00_devices.ipynb", "me/course", "v1")).count("/student/00_devices.ipynb")
+        2
+    """
+    return re.sub(r"(/blob/[^/)\s]+/|lab/tree/)lessons/", rf"\g<1>{STUDENT}/", source)
+
+
 def requirement(repo: str, ref: str, extras: str = "") -> str:
     """The pip requirement that installs mgpu_edu from a fork at a ref (what Colab's cell installs).
 
@@ -255,7 +269,7 @@ def lesson_table(course: Course, repo: str | None = None, ref: str | None = None
     """The README's lesson table (pointing at repo@ref, default the course's own): each title links to
     the lesson as stored, with outputs and solutions; its buttons open the student version."""
     repo, ref = repo or course.repo, ref or course.ref
-    lines = ["| # | lesson (with solutions) | open, to solve its exercises |", "|---|---|---|"]
+    lines = ["| # | lesson | open, to solve its exercises |", "|---|---|---|"]
     for lesson in course.lessons:
         lines.append(f"| {lesson.number} | [{lesson.title}](lessons/{lesson.file}) | "
                      f"{badge_row(lesson.file, repo, ref, STUDENT)} |")
@@ -276,9 +290,10 @@ def start_links(course: Course, repo: str | None = None, ref: str | None = None)
     repo, ref = repo or course.repo, ref or course.ref
     first = course.lessons[0]
     return (f"Open [lesson {first.number} in Colab]({colab_url(first.file, repo, ref, STUDENT)})\n"
-            "(a free T4 GPU; nothing to install: the lesson's first cell installs the course's package), or\n"
+            "(it asks Colab for a free T4 GPU; if it opens without one, choose Runtime → Change runtime type →\n"
+            "T4 GPU. Nothing to install: the lesson's first cell installs the course's package), or\n"
             f"[on Binder]({binder_url(first.file, repo, ref, STUDENT)})\n"
-            "(CPUs only, 2 GB of memory), and go on in order.")
+            "(CPUs only, up to 2 GB of memory), and go on in order.")
 
 
 def install_table(repo: str, ref: str) -> str:
@@ -315,10 +330,22 @@ def tidy_notebook(nb: Any) -> bool:
     return changed
 
 
-def configure_notebook(nb: Any, lesson: str, repo: str, ref: str, folder: str = "lessons") -> bool:
-    """Rewrite a notebook's badge and install cells and tidy it; return True if anything changed."""
+#: What a notebook's metadata holds to ask Colab for a GPU runtime (a T4 on the free tier) when it opens.
+COLAB_GPU = {"accelerator": "GPU", "colab": {"gpuType": "T4"}}
+
+
+def configure_notebook(nb: Any, lesson: str, repo: str, ref: str, folder: str = "lessons", gpu: bool = True) -> bool:
+    """Rewrite a notebook's badge and install cells, ask Colab for a GPU runtime if ``gpu`` (a lesson
+    that runs TensorFlow in its kernel), and tidy it; return True if anything changed."""
     wanted = {"badges": badge_row(lesson, repo, ref, folder), "colab-install": install_cell(repo, ref)}
     changed = tidy_notebook(nb)
+    for key, value in COLAB_GPU.items():
+        if gpu and nb.metadata.get(key) != value:
+            nb.metadata[key] = value
+            changed = True
+        elif not gpu and key in nb.metadata:
+            del nb.metadata[key]
+            changed = True
     for cell in nb.cells:
         role = cell.get("metadata", {}).get(CELL_ROLE)
         if role in wanted and cell.source != wanted[role]:
@@ -348,7 +375,7 @@ def configure(lessons_dir: Path, repo: str | None = None, ref: str | None = None
         if not path.exists():
             continue
         nb = nbformat.read(path, as_version=4)
-        if configure_notebook(nb, lesson.file, repo, ref, folder):
+        if configure_notebook(nb, lesson.file, repo, ref, folder, gpu=lesson.tensorflow):
             nbformat.write(nb, path)
             changed.append(path)
     if readme is not None and readme.exists():
@@ -483,11 +510,30 @@ def shipped_folder(name: str) -> Path:
     )
 
 
-if __name__ == "__main__":  # python -m mgpu_edu.course [ROOT]: badges, README blocks, run metadata, student/
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mgpu_edu.course [ROOT]``: point the lessons, the README and student/ at the manifest."""
+    import argparse
+
     from mgpu_edu.assignments import refresh_student_folder
 
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()
-    for path in configure(root / "lessons", readme=root / "README.md"):
+    parser = argparse.ArgumentParser(
+        prog="python -m mgpu_edu.course",
+        description="In the course repository ROOT (default: here), point every lesson's badges and Colab cell "
+        "and the README's links at lessons/course.toml's repo and ref, strip run metadata, and regenerate the "
+        "student versions in student/. Runs no lesson (make lessons executes them first). Only files that "
+        "change are written.")
+    parser.add_argument("root", nargs="?", default=".", metavar="ROOT", help="the repository's root (default: .)")
+    root = Path(parser.parse_args(argv).root)
+    if not (root / "lessons" / MANIFEST).is_file():
+        parser.error(f"{str(root)!r} has no lessons/{MANIFEST}: run this in the course repository's root, "
+                     "or give it: python -m mgpu_edu.course path/to/repository")
+    changed = configure(root / "lessons", readme=root / "README.md")
+    changed += refresh_student_folder(root / "lessons", root / STUDENT)
+    for path in changed:
         print(f"updated {path}")
-    for path in refresh_student_folder(root / "lessons", root / STUDENT):
-        print(f"updated {path}")
+    print(f"{len(changed)} file(s) updated" if changed else "everything already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

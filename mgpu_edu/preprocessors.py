@@ -28,6 +28,7 @@ from mgpu_edu.assignments import (
     strip_hidden_tests,
     strip_solutions,
 )
+from mgpu_edu.course import CELL_ROLE, student_badges
 
 
 def _nbgrader(cell: Any, key: str) -> bool:
@@ -75,8 +76,9 @@ class LockCells(_Step):
 class ClearSolutions(_Step):
     """Replace solution regions by stubs that still run, and drop nbval's ``# NBVAL_CHECK_OUTPUT`` lines.
 
-    It also drops saved widget state and marks the notebook as a student version (metadata
-    ``mgpu_edu_student``).
+    It also drops saved widget state, points the lesson's Colab and Binder buttons at the course's
+    student versions (``student/``, not ``lessons/``, which holds the solutions), and marks the
+    notebook as a student version (metadata ``mgpu_edu_student``).
 
     A solution cell without markers is replaced whole. With ``enforce_metadata`` (nbgrader's
     option of the same name), a solution region outside a solution cell is an error.
@@ -107,6 +109,8 @@ class ClearSolutions(_Step):
                 cell.source = STUB_COMMENT
         if cell.cell_type == "code":
             cell.source = "\n".join(line for line in cell.source.split("\n") if line.strip() != CHECK_MARKER)
+        if cell.get("metadata", {}).get(CELL_ROLE) == "badges":  # buttons that open a student version
+            cell.source = student_badges(cell.source)
         return cell, resources
 
 

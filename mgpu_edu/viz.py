@@ -404,7 +404,7 @@ def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
     activations in bytes (a :class:`mgpu_edu.memory.DeviceMemory`); ``marks`` maps a GPU's
     name to its memory in bytes. The axis's unit follows the tallest bar (:func:`memory_unit`),
     so a 110 KiB model reads in KiB, not as a sliver on a GiB axis; a GPU line far above the bars is
-    left out.
+    not drawn but named, with its size, in an "off the scale" note.
     """
     labels = [label for label, _ in bars]
     tallest = max([sum(getattr(memory, field) for field, _ in MEMORY_PARTS) for _, memory in bars] + [0])
@@ -421,11 +421,24 @@ def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
             lines[-1][1].append(name)
         else:
             lines.append((size, [name]))
+    shown, off_scale, last = [], [], None
     for k, (size, names) in enumerate(lines):
         height = size / scale
-        if height <= 2.2 * top:
-            ax.axhline(height, color="black", linestyle=(0, (4, 2 + k)), linewidth=0.8)
-            ax.text(len(bars) - 0.5, height, " " + ", ".join(names), va="bottom", ha="right", fontsize=7)
+        if height > 2.2 * top:  # far above the bars: named in a note instead, so the bars stay readable
+            far_unit, far_scale = memory_unit(size)
+            off_scale.append(f"{', '.join(names)} ({size / far_scale:,.1f} {far_unit})")
+            continue
+        ax.axhline(height, color="black", linestyle=(0, (4, 2 + k)), linewidth=0.8)
+        shown.append(height)
+        close = last is not None and height - last < 0.06 * max(2.2 * top, height)
+        # labels sit inside the axes' right edge (axes fraction), the lower of two close lines' below it
+        ax.text(0.99, height, ", ".join(names) + " ", transform=ax.get_yaxis_transform(), ha="right",
+                va="top" if close else "bottom", fontsize=7)
+        last = height
+    ax.set_ylim(0, max(shown + [top]) * 1.3)  # headroom: the legend and the labels don't cover a bar
+    if off_scale:
+        ax.text(0.99, 0.98, "off the scale: " + "; ".join(off_scale), transform=ax.transAxes, ha="right",
+                va="top", fontsize=7)
     ax.set_ylabel(f"{unit} per device", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, loc="upper left")

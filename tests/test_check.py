@@ -11,7 +11,7 @@ from mgpu_edu import check
 
 
 def test_device_names(capsys):
-    expected = ["/device:CPU:0", "/device:CPU:1"]
+    expected = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]  # a layout's names: the first two are wanted
     assert check.device_names(None, expected).status == "unsolved"
     assert check.device_names(["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"], expected).correct
     assert "physical" in check.device_names(["/physical_device:CPU:0"], expected).message
@@ -28,21 +28,44 @@ def test_cross_device_bytes():
     assert check.cross_device_bytes("7e6", 8, 250_000).status == "wrong"
 
 
-def test_shard_sizes_function():
-    assert check.shard_sizes_function(None).status == "unsolved"
-    assert check.shard_sizes_function(lambda b, n: [b // n + (i < b % n) for i in range(n)]).correct
-    assert "covers" in check.shard_sizes_function(lambda b, n: [b // n] * n).message
-    assert "larger shards first" in check.shard_sizes_function(
-        lambda b, n: sorted([b // n + (i < b % n) for i in range(n)])).message
-    assert "raised ZeroDivisionError" in check.shard_sizes_function(lambda b, n: [1 / 0]).message
-    # shards instead of sizes: returned, explained, never raised (np.array_split's arrays can't be compared with ==)
-    import numpy as np
+def _bounds(b, n):
+    from mgpu_edu.parallel import shard_sizes
 
-    for shards in (lambda b, n: np.array_split(np.arange(b), n), lambda b, n: [[0, 1], [2]]):
-        feedback = check.shard_sizes_function(shards)
-        assert feedback.status == "wrong" and "not the shards themselves" in feedback.message
-    assert check.shard_sizes_function(lambda b, n: np.array([b // n + (i < b % n) for i in range(n)])).correct
-    assert "whole numbers" in check.shard_sizes_function(lambda b, n: 3).message
+    out, start = [], 0
+    for size in shard_sizes(b, n):
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+def test_shard_bounds_function():
+    assert check.shard_bounds_function(None).status == "unsolved"
+    assert check.shard_bounds_function(_bounds).correct
+    assert check.shard_bounds_function(lambda b, n: [list(pair) for pair in _bounds(b, n)]).correct  # lists do
+    assert check.shard_bounds_function(lambda b, n: np.array(_bounds(b, n))).correct  # and so does NumPy
+    assert "returned the shard sizes" in check.shard_bounds_function(
+        lambda b, n: [b // n + (i < b % n) for i in range(n)]).message
+    assert "stops *before* stop" in check.shard_bounds_function(
+        lambda b, n: [(a, c - 1) for a, c in _bounds(b, n)]).message
+    assert "must start where the one before it stopped" in check.shard_bounds_function(
+        lambda b, n: [(0, c - a) for a, c in _bounds(b, n)]).message
+    assert "one per tower" in check.shard_bounds_function(lambda b, n: _bounds(b, n)[:-1]).message
+    assert "raised ZeroDivisionError" in check.shard_bounds_function(lambda b, n: [1 / 0]).message
+    assert "pairs of whole numbers" in check.shard_bounds_function(lambda b, n: 3).message
+    feedback = check.shard_bounds_function(lambda b, n: np.array_split(np.arange(b), n))  # the shards themselves
+    assert feedback.status == "wrong"
+
+
+def test_shard_bounds_cut_the_pieces_tf_split_cuts(four_devices):  # the fixture sets up the devices first
+    """What the check calls right is what TensorFlow does: x[start:stop] for each pair are tf.split's pieces."""
+    import tensorflow as tf
+
+    from mgpu_edu.parallel import shard_sizes
+
+    for b, n in [(10, 4), (30, 4), (3, 4), (17, 5), (0, 3)]:
+        x = tf.range(b)
+        pieces = tf.split(x, shard_sizes(b, n))
+        assert [x[a:c].numpy().tolist() for a, c in _bounds(b, n)] == [p.numpy().tolist() for p in pieces]
 
 
 def test_combine_function():
@@ -169,11 +192,11 @@ def test_function_stubs_are_unsolved_and_forgotten_returns_are_explained(capsys)
     def forgot_return(sums, counts):
         sum(sums) / sum(counts)
 
-    assert check.shard_sizes_function(shard_stub).status == "unsolved"
+    assert check.shard_bounds_function(shard_stub).status == "unsolved"
     assert check.combine_function(combine_stub).status == "unsolved"
     assert "forget the `return`" in check.combine_function(forgot_return).message
     assert "no parentheses" in check.combine_function(2.0).message
-    assert "no parentheses" in check.shard_sizes_function([3, 3]).message
+    assert "no parentheses" in check.shard_bounds_function([3, 3]).message
 
 
 def test_placed_on_checks_the_value_too(four_devices):

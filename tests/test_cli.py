@@ -156,9 +156,11 @@ def test_student_versions_strip_solutions_clear_outputs_and_keep_checks(tmp_path
         assert tuple(assignments._CHECK_CALL.findall(code)) == lesson.checks
         assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
         assert nb.metadata[assignments.STUDENT_FLAG] is True and "widgets" not in nb.metadata
+        badges = next(c.source for c in nb.cells if c.metadata.get(course.CELL_ROLE) == "badges")
+        assert badges.count(f"/{course.STUDENT}/{lesson.file}") == 2 and "/lessons/" not in badges  # no way to answers
         nbformat.validate(nb)
     shards = code_of(tmp_path / "student" / "02_data_parallel.ipynb")
-    assert "def my_shard_sizes(batch, n):\n    return ..." in shards and "divmod" not in shards
+    assert "def my_shard_bounds(batch, n):\n    return ..." in shards and "bounds.append" not in shards
 
 
 def test_student_refuses_existing_destination_unless_forced(tmp_path):
@@ -176,6 +178,7 @@ def test_student_refuses_existing_destination_unless_forced(tmp_path):
     (["src", "src"], "would replace them"),
     (["src", "notes.txt"], "exists and is not a folder"),
     (["broken.ipynb", "out"], "is never closed"),
+    (["notjson.ipynb", "out"], "'notjson.ipynb' is not a notebook file"),
 ])
 def test_student_bad_inputs(tmp_path, args, message):
     (tmp_path / "empty").mkdir()
@@ -183,6 +186,7 @@ def test_student_bad_inputs(tmp_path, args, message):
     (tmp_path / "src").mkdir()
     write_notebook(tmp_path / "src" / "a.ipynb", "x = 1")
     write_notebook(tmp_path / "broken.ipynb", "### BEGIN SOLUTION\nanswer = 1\n")
+    (tmp_path / "notjson.ipynb").write_text("this is not json {")
     done = mgpu_edu("student", *args, cwd=tmp_path)
     assert done.returncode == 2, done.stdout
     assert message in done.stderr
@@ -215,9 +219,11 @@ def test_nbgrader_sets_up_a_course_folder_one_assignment_per_lesson(tmp_path):
                             "mgpu-edu nbgrader lessons course"),
     (["LESSONS", "notes.txt"], "exists and is not a folder"),
     (["LESSONS", "course", "--course-id", "my course"], "course id 'my course' may hold only"),
+    (["notjson.ipynb", "course"], "'notjson.ipynb' is not a notebook file"),
 ])
 def test_nbgrader_bad_inputs(tmp_path, args, message):
     (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "notjson.ipynb").write_text("this is not json {")
     done = mgpu_edu("nbgrader", *[str(LESSONS) if a == "LESSONS" else a for a in args], cwd=tmp_path)
     assert done.returncode == 2, done.stdout
     assert message in done.stderr
@@ -263,6 +269,21 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
 
 
+def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path):
+    fork = make_fork(tmp_path)
+    (fork / ".git").rmdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "I", "GIT_AUTHOR_EMAIL": "i@example.org", "GIT_COMMITTER_NAME": "I",
+           "GIT_COMMITTER_EMAIL": "i@example.org"}
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "fork"], ["tag", "fall-2027"]):
+        subprocess.run(["git", *command], cwd=fork, env=env, check=True, capture_output=True)
+    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "fall-2027", cwd=fork)
+    assert done.returncode == 0, done.stderr
+    assert "'fall-2027' is already a tag, and a tag doesn't move" in done.stdout
+    assert "git tag fall-2027" not in done.stdout
+    done = mgpu_edu("badges", "--repo", "me/fork", "--ref", "fall-2027b", cwd=fork)
+    assert "git tag fall-2027b && git push origin HEAD fall-2027b" in done.stdout
+
+
 def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path):
     fork = make_fork(tmp_path)
     assert mgpu_edu("student", "lessons", "handout", cwd=fork).returncode == 0
@@ -282,6 +303,7 @@ def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path
 @pytest.mark.parametrize(("args", "message"), [
     (["--repo", "not a slug"], "is not a GitHub repository slug"),
     (["--repo", "a/b/c"], "OWNER/NAME"),
+    (["--repo", "my-school/gpu-course.git"], "write it without, as 'my-school/gpu-course'"),
     (["--repo", "me/fork", "--ref", "two words"], "is not a git tag, branch or commit"),
     (["--repo", "me/fork", "--ref", "../x"], "is not a git tag, branch or commit"),
     (["--repo", "me/fork", "--lessons", "nowhere"], "holds none of the course's lessons"),
@@ -344,6 +366,13 @@ def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):
     assert missing.returncode == 1 and "'nope.ipynb' does not exist" in missing.stdout
     bad = mgpu_edu("grade", "--timeout", "soon", "x.ipynb", cwd=tmp_path)
     assert bad.returncode == 2 and "'soon' is not a whole number of seconds" in bad.stderr
+    glob = mgpu_edu("grade", "handed-in/*.ipynb", cwd=tmp_path)  # the shell passes a pattern that matched nothing
+    assert glob.returncode == 1 and "does not exist (a pattern that matched no file?)" in glob.stdout
+    student = tmp_path / "never-run.ipynb"
+    nbformat.write(assignments.student_version(nbformat.read(LESSONS / "07_model_parallel.ipynb", 4)), student)
+    unrun = mgpu_edu("grade", "--no-execute", student.name, cwd=tmp_path)
+    assert unrun.returncode == 1 and "has no saved outputs: it was handed in without being run" in unrun.stdout
+    assert "Grade it without --no-execute" in unrun.stdout
 
 
 def test_grade_grades_every_notebook_of_a_batch_and_always_writes_the_csv(tmp_path):
@@ -357,7 +386,8 @@ def test_grade_grades_every_notebook_of_a_batch_and_always_writes_the_csv(tmp_pa
                     "zoe.ipynb", "--csv", "g.csv", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     assert "alice.ipynb: 2/2 correct" in done.stdout and "zoe.ipynb: 2/2 correct" in done.stdout
-    assert "broken.ipynb: not graded (could not be graded: NotJSONError" in done.stdout
+    assert "broken.ipynb: not graded (could not be graded: ValueError: 'broken.ipynb' is not a notebook file" in \
+        done.stdout and "ask for the .ipynb again" in done.stdout
     assert "missing.ipynb: not graded (could not be graded: FileNotFoundError" in done.stdout
     assert "plain.ipynb: not graded (no exercises" in done.stdout
     assert "3 of 5 notebook(s) could not be graded: broken.ipynb, missing.ipynb, plain.ipynb" in done.stderr
@@ -388,6 +418,11 @@ def test_grade_names_the_students_error_not_the_checks_name_error(tmp_path):
     done = mgpu_edu("grade", "--no-execute", "bob.ipynb", cwd=tmp_path)
     assert done.returncode == 0
     assert "your cell above raised NameError: name 'zero' is not defined" in done.stdout
+    nb.cells[0].outputs = [nbformat.v4.new_output("error", ename="SyntaxError",
+                                                  evalue="expected ':' (565971781.py, line 1)")]
+    nbformat.write(nb, tmp_path / "bob.ipynb")
+    done = mgpu_edu("grade", "--no-execute", "bob.ipynb", cwd=tmp_path)
+    assert "your cell above raised SyntaxError: expected ':' (line 1 of that cell)" in done.stdout
 
 
 # --- doctor ----------------------------------------------------------------------------------------

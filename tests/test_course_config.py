@@ -54,6 +54,14 @@ def test_configure_is_idempotent_and_repoints(tmp_path):
     assert course.configure(lessons, repo="my-school/gpu-course", ref="spring-2027") == []
 
 
+def test_lessons_that_run_tensorflow_ask_colab_for_a_gpu():
+    for lesson in COURSE.lessons:
+        for folder in (LESSONS, LESSONS.parent / course.STUDENT):
+            meta = nbformat.read(folder / lesson.file, as_version=4).metadata
+            asks = {key: meta.get(key) for key in course.COLAB_GPU}
+            assert asks == (course.COLAB_GPU if lesson.tensorflow else dict.fromkeys(course.COLAB_GPU)), lesson.file
+
+
 def test_the_student_folder_holds_the_lessons_student_versions(tmp_path):
     """student/ (what the README's buttons open) is generated: it must be what the lessons make now."""
     student = tmp_path / course.STUDENT

@@ -190,4 +190,9 @@ def test_memory_bars_read_in_the_unit_the_numbers_need():
         viz.draw_memory_bars([("device 0", device)], {"T4": memory.GPU_MEMORY_MIB["T4"] * 2**20}, ax)
         assert ax.get_ylabel() == f"{unit} per device"
         assert 1 <= ax.get_ylim()[1] < 1024  # the bars fill the axis
+        texts = [t.get_text() for t in ax.texts]
+        if unit == "KiB":  # the T4's line is far above a 110 KiB bar: named with its size, not drawn
+            assert texts == ["off the scale: T4 (15.0 GiB)"] and not ax.get_lines()
+        else:  # 7B's states (112 GB) tower over the T4's 15 GiB: its line is drawn, labelled inside the axes
+            assert len(ax.get_lines()) == 1 and texts == ["T4 "]
         plt.close(fig)

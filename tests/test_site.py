@@ -68,7 +68,9 @@ def _folder(edition: str) -> str:
 def _page_notebook(lesson: course.Lesson, edition: str):
     """The notebook a lesson's page is built from in this edition."""
     nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
-    return _builder().learner_notebook(nb, lesson.file, COURSE.repo, COURSE.ref) if edition == "learner" else nb
+    if edition == "learner":
+        return _builder().learner_notebook(nb, lesson.file, COURSE.repo, COURSE.ref, lesson.tensorflow)
+    return nb
 
 
 class _Page(html.parser.HTMLParser):
@@ -150,6 +152,7 @@ def test_solutions_are_folded_only_in_the_instructor_edition_and_still_widgets_a
         exercise_cells = sum(is_solution(c) or is_grade(c) for c in nb.cells)  # each answer and its check
         assert exercise_cells >= 4
         assert text.count("tag_hide-cell") == (exercise_cells if edition == "instructor" else 0)
+        assert text.count("Show this exercise cell") == (exercise_cells if edition == "instructor" else 0)
         views = sum(VIEW in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
         assert text.count("A still copy: this widget shows the state") == views
 
@@ -180,10 +183,12 @@ def _site_text(site: Path) -> dict[str, str]:
     return texts
 
 
-def _answers() -> list[str]:
-    """What only the answers hold: each solution's lines that the learner's page doesn't show anyway (its
-    stub keeps a signature; a lesson may show the package's code an exercise rewrites), each exercise
-    check's stored output, and each of the guide's "Answer: ..." lines."""
+def _answers() -> list[tuple[str, str]]:
+    """What only the answers hold, each with the lesson whose pages must not show it ("" for every page):
+    each solution's lines that the learner's page doesn't show anyway (its stub keeps a signature; a lesson
+    may show the package's code an exercise rewrites), each exercise check's stored output, and each of the
+    guide's "Answer: ..." lines. (A plain line such as ``start += size`` may well appear in another
+    lesson's code: a lesson's solution lines are looked for in its own page and its source.)"""
     found = []
     for lesson in COURSE.lessons:
         nb = nbformat.read(COURSE.folder / lesson.file, as_version=4)
@@ -191,6 +196,7 @@ def _answers() -> list[str]:
         stub = "\n".join([c.source for c in page.cells] + [o.get("text", "") + o.get("data", {}).get("text/plain", "")
                                                             for c in page.cells if c.cell_type == "code"
                                                             for o in c.outputs])
+        stem = lesson.file[:-6]
         for cell in nb.cells:
             if is_solution(cell):
                 inside = False
@@ -198,12 +204,12 @@ def _answers() -> list[str]:
                     if "BEGIN SOLUTION" in line or "END SOLUTION" in line:
                         inside = "BEGIN" in line
                     elif inside and len(line.strip()) >= 8 and line.strip() not in stub:
-                        found.append(line.strip())
+                        found.append((stem, line.strip()))
             if is_grade(cell):
-                found += [line.strip() for o in cell.outputs for line in o.get("text", "").splitlines()
+                found += [("", line.strip()) for o in cell.outputs for line in o.get("text", "").splitlines()
                           if len(line.strip()) >= 8]
     guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
-    found += re.findall(r"Answer:[^\n]*", guide)
+    found += [("", answer) for answer in re.findall(r"Answer:[^\n]*", guide)]
     return found
 
 
@@ -211,11 +217,21 @@ def test_the_learner_edition_holds_no_solution_check_result_or_guide_answer(site
     answers = _answers()
     assert len(answers) >= 3 * len(COURSE.lessons)
     texts = _site_text(site)
-    leaks = sorted({f"{name}: {answer[:80]!r}" for answer in answers for name, text in texts.items() if answer in text})
+
+    def showing(stem: str, answer: str) -> list[str]:
+        return [name for name, text in texts.items() if stem in name and answer in text]
+
+    leaks = sorted({f"{name}: {answer[:80]!r}" for stem, answer in answers for name in showing(stem, answer)})
+    landing = (site / "index.html").read_text(encoding="utf-8")
+    links = _parse(site / "index.html").refs + re.findall(r'href="(https://[^"]+)"', landing)
+    to_answers = [link for link in links if re.search(r"/lessons/\d\d_|instructors", link)]
     if edition == "learner":
         assert leaks == []
+        assert to_answers == []  # the landing page doesn't lead to the solved lessons or the guide either
+        assert all(f"student/{lesson.file[:-6]}.html" in links for lesson in COURSE.lessons)
     else:  # the same scan finds every answer in the instructor edition: it is not looking for nothing
-        missing = [a for a in answers if not any(a in text for text in texts.values())]
+        assert to_answers
+        missing = [answer for stem, answer in answers if not showing(stem, answer)]
         assert missing == [], missing[:5]
 
 

@@ -54,6 +54,7 @@ from mgpu_edu.preprocessors import is_grade, is_solution  # noqa: E402
 GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "docs/style.md", "benchmarks/results.md",
           "benchmarks/results-binder.md"]
 GUIDE = "docs/instructors.md"  # every exercise's answer: only in the instructor edition
+SKIP = ("<!-- learner-site:skip:start -->", "<!-- learner-site:skip:end -->")  # README parts not for learners
 EDITIONS = {
     "learner": {"folder": course.STUDENT, "guides": [g for g in GUIDES if g != GUIDE], "caption": "For contributors",
                 "banner": "Learner edition: the exercises are yours to solve; no solutions here. "
@@ -72,10 +73,12 @@ Open the lesson in Colab or Binder (the buttons at the top) to use it.
 ```"""
 
 
-def rewrite(text: str, page: str, staged: set[str], repo: str, ref: str) -> str:
+def rewrite(text: str, page: str, staged: set[str], repo: str, ref: str, aliases: dict[str, str] | None = None) -> str:
     """Markdown text of the staged page ``page`` (a repository path) with its links fixed for the site:
-    badge images made local, links to repository files that are not pages sent to GitHub."""
+    badge images made local, links to a file that ``aliases`` maps to a page sent to that page, links to
+    repository files that are not pages sent to GitHub."""
     here = posixpath.dirname(page)
+    aliases = aliases or {}
 
     def fix(match: re.Match) -> str:
         opening, target, closing = match.groups()
@@ -85,6 +88,9 @@ def rewrite(text: str, page: str, staged: set[str], repo: str, ref: str) -> str:
             return match.group(0)
         path, _, anchor = target.partition("#")
         resolved = posixpath.normpath(posixpath.join(here, path))
+        if resolved in aliases:
+            moved = posixpath.relpath(aliases[resolved], here or ".")
+            return f"{opening}{moved}{'#' + anchor if anchor else ''}{closing}"
         if resolved in staged or not (ROOT / resolved).exists():
             return match.group(0)  # a page (Sphinx resolves it), or missing (Sphinx fails the build)
         kind = "tree" if (ROOT / resolved).is_dir() else "blob"
@@ -126,12 +132,12 @@ def toctree(caption: str, entries: list[str]) -> str:
     return "\n".join(["", "```{toctree}", ":hidden:", f":caption: {caption}", "", *entries, "```", ""])
 
 
-def learner_notebook(nb, file: str, repo: str, ref: str):
+def learner_notebook(nb, file: str, repo: str, ref: str, gpu: bool = True):
     """A lesson's page in the learner edition: its student version (solutions stubbed, checks without their
     hidden asserts, badges and Colab cell opening ``student/``), with the lesson's stored outputs and saved
     widget state, except under an exercise's answer cell and its check, which show none."""
     student = student_version(nb, name=file)
-    course.configure_notebook(student, file, repo, ref, course.STUDENT)
+    course.configure_notebook(student, file, repo, ref, course.STUDENT, gpu=gpu)
     if [c.get("id") for c in student.cells] != [c.get("id") for c in nb.cells]:
         raise ValueError(f"{file}: its student version's cells don't match the lesson's one for one")
     for page_cell, stored in zip(student.cells, nb.cells, strict=True):
@@ -155,7 +161,7 @@ def stage(target: Path, edition: str = "learner") -> course.Course:
     for lesson, page in zip(known.lessons, lesson_pages, strict=True):
         nb = nbformat.read(known.folder / lesson.file, as_version=4)
         if edition == "learner":
-            nb = learner_notebook(nb, lesson.file, known.repo, known.ref)
+            nb = learner_notebook(nb, lesson.file, known.repo, known.ref, gpu=lesson.tensorflow)
         saved = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
         cells = []
         for cell in nb.cells:
@@ -183,7 +189,12 @@ def stage(target: Path, edition: str = "learner") -> course.Course:
     for source in sources:
         (target / "credits" / f"{source['slug']}.md").write_text(credits_page(source, lists, folder),
                                                                   encoding="utf-8")
-    landing = rewrite((ROOT / "README.md").read_text(encoding="utf-8"), "README.md", staged, known.repo, known.ref)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    aliases = {}
+    if edition == "learner":  # no way to the answers: the README's solved-lesson links and instructors' part go
+        readme = re.sub(rf"{re.escape(SKIP[0])}.*?{re.escape(SKIP[1])}\n?", "", readme, flags=re.S)
+        aliases = {f"lessons/{lesson.file}": page for lesson, page in zip(known.lessons, lesson_pages, strict=True)}
+    landing = rewrite(readme, "README.md", staged, known.repo, known.ref, aliases)
     landing += toctree("Lessons", [page.removesuffix(".ipynb") for page in lesson_pages])
     landing += toctree(EDITIONS[edition]["caption"], [page.removesuffix(".md") for page in guides])
     landing += toctree("Sources", [f"credits/{s['slug']}" for s in sources])
@@ -202,6 +213,19 @@ def main() -> int:
     out = args.out or ROOT / "build" / ("site" if args.edition == "learner" else f"site-{args.edition}")
     start = time.perf_counter()
     source = out.parent / f"{out.name}-src"
+    if args.edition == "learner":  # its buttons open student/: it must be what the lessons make now
+        import tempfile
+
+        from mgpu_edu.assignments import refresh_student_folder
+
+        with tempfile.TemporaryDirectory() as scratch:
+            shutil.copytree(ROOT / course.STUDENT, Path(scratch) / course.STUDENT)
+            stale = refresh_student_folder(ROOT / "lessons", Path(scratch) / course.STUDENT)
+        if stale:
+            print(f"{course.STUDENT}/ is out of date with lessons/ ({stale[0].name}, ...), and the learner "
+                  "edition's buttons open it: run `python -m mgpu_edu.course .` (make lessons runs it), commit, "
+                  "then build again.", file=sys.stderr)
+            return 1
     known = stage(source, args.edition)
     env = {**os.environ, "MGPU_EDU_SITE_REPO": known.repo, "MGPU_EDU_SITE_REF": known.ref,
            "MGPU_EDU_SITE_EDITION": args.edition, "MGPU_EDU_SITE_BANNER": EDITIONS[args.edition]["banner"]}

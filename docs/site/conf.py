@@ -15,6 +15,9 @@ exclude_patterns = ["_build", "**.ipynb_checkpoints", "**/_scratch"]
 myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3  # "#1--devices" style links to headings resolve
 nb_execution_mode = "off"  # the lessons as stored, with their outputs
+# only exercise cells are folded (the instructor edition's solutions and checks): say so on their toggle
+nb_code_prompt_show = "Show this exercise cell's {type}"
+nb_code_prompt_hide = "Hide this exercise cell's {type}"
 nb_ipywidgets_js = {"vendor/html-manager/embed.js": {}}  # not the CDN myst-nb would use
 mathjax_path = "vendor/mathjax/tex-chtml.js"  # not the CDN Sphinx would use
 html_static_path = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "_static")]
