@@ -229,31 +229,51 @@ def _judge(answer: float, expected: float, correct: str, mistakes: Sequence[tupl
     return _report("wrong", f"{_show(answer)} is not it{otherwise}")
 
 
-def device_names(answer: Any, devices: Any, count: int = 2) -> Feedback:
-    """Lesson 01, exercise 1: the names to hand ``tf.device`` for the first ``count`` of ``devices``
-    (the layout ``setup_devices`` returned, or a list of device names)."""
-    expected = [str(name) for name in list(devices)[:count]]
-    if _unsolved(answer):
-        return _report("unsolved", "set `names` to a list of device-name strings.")
-    if isinstance(answer, (list, tuple)) and answer and all(isinstance(getattr(a, "name", None), str)
-                                                            and not isinstance(a, str) for a in answer):
-        return _report("wrong", f"those are {type(answer[0]).__name__} objects. tf.device takes them too, but the "
-                                "exercise asks for the names: take each device's .name.")
-    if not isinstance(answer, (list, tuple)) or not all(isinstance(a, str) for a in answer):
-        return _report("wrong", f"expected a list of strings, got {type(answer).__name__} {answer!r}.")
-    if any("physical_device" in a for a in answer):
-        return _report("wrong", "those are physical device names. tf.device places work on *logical* devices: "
-                                "use tf.config.list_logical_devices(...) and each device's .name.")
-    if [_device_key(a) for a in answer] == [_device_key(e) for e in expected] and all(map(_device_key, answer)):
-        return _report("correct", f"{list(answer)}. Logical names are what tf.device and "
-                                  "MirroredStrategy(devices=...) take, on a laptop and on a GPU server alike.")
-    if not answer:
-        return _report("wrong", "the list is empty. Did you ask for 'gpu' or 'cpu' in lower case? Device types "
-                                "are upper case: 'GPU', 'CPU' (lower case silently finds nothing).")
-    key = _device_key(expected[0]) if expected else None
-    kind = f"{key[0]} " if key else ""
-    return _report("wrong", f"{list(answer)} is not the first {len(expected)} logical {kind}devices of this kernel. "
-                            "Take them in order from tf.config.list_logical_devices(layout.kind).")
+def spread_function(fn: Any, devices: Any) -> Feedback:
+    """Lesson 01, exercise 1: ``fn(values)`` puts ``values[i]`` in a tensor on ``devices[i % N]``, round robin.
+
+    ``devices`` is the layout ``setup_devices`` returned (or a list of logical device names). The
+    check calls ``fn`` on six numbers and reads, from TensorFlow, where each tensor it returns lives.
+    """
+    if _unsolved(fn):
+        return _report("unsolved", "define `spread(values)` and pass it to the check.")
+    if not callable(fn):
+        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
+                                "itself: check.spread_function(spread, layout), no parentheses.")
+    names = [str(name) for name in devices]
+    values = [float(k + 1) for k in range(len(names) + 2)]  # more values than devices: it must wrap around
+    try:
+        got = fn(list(values))
+    except Exception as error:  # a learner's code may raise anything
+        return _report("wrong", f"spread({values}) raised {type(error).__name__}: {error}.")
+    if _unsolved(got):
+        return _unsolved_function("spread", got)
+    try:
+        got = list(got)
+    except TypeError:
+        return _report("wrong", f"spread returned {type(got).__name__}: return a list of tensors, one per value.")
+    if len(got) != len(values):
+        return _report("wrong", f"spread({values}) returned {len(got)} item(s): one tensor per value, so "
+                                f"{len(values)}.")
+    where = [getattr(t, "device", None) for t in got]
+    if not all(isinstance(w, str) and _device_key(w) for w in where):
+        return _report("wrong", "spread must return TensorFlow tensors (their .device says where they live), not "
+                                "Python or NumPy numbers: create each one inside `with tf.device(...)`.")
+    for k, (tensor, device) in enumerate(zip(got, where, strict=True)):
+        value = _as_number(tensor)
+        if value is None or not _close(value, values[k], rel_tol=1e-6):
+            return _report("wrong", f"item {k} holds {tensor!r}, not {_show(values[k])}: keep the values, in order.")
+        wanted = names[k % len(names)]
+        if _device_key(device) != _device_key(wanted):
+            if len({_device_key(w) for w in where}) == 1:
+                hint = ("every tensor lives on the same device: create each one *inside* its own "
+                        "`with tf.device(...)` block, a different device for each value.")
+            else:
+                hint = f"value i goes to device i % {len(names)}, so item {k} to {wanted}."
+            return _report("wrong", f"item {k} lives on {device}, not {wanted}: {hint}")
+    return _report("correct", f"{len(values)} values over {len(names)} devices, wrapping around: item i on device "
+                              f"i % {len(names)}, as TensorFlow reports. Lesson 02's towers place each shard the "
+                              "same way.")
 
 
 def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int = 4) -> Feedback:
@@ -485,17 +505,18 @@ def replica_loss(answer: Any, loss_sum: float, per_replica: int, global_batch: i
                   ": this replica's loss sum ÷ the global batch size.", rel_tol=1e-6)
 
 
-def python_runs(answer: Any, replicas: int) -> Feedback:
-    """Lesson 06, exercise 2: how often the Python body of a replica function runs under tf.function."""
+def python_runs(answer: Any, replicas: int, batches: int = 100) -> Feedback:
+    """Lesson 06, exercise 2: how often the Python body of a replica function runs under tf.function,
+    over ``batches`` calls with batches of one shape."""
     early, answer = _read_number(answer, "set `answer` to a whole number.", "a number of runs", whole=True)
     if early is not None:
         return early
     return _judge(answer, replicas, f"{replicas}: once per replica while tracing, then never again; the graph runs "
                   "the steps. Python side effects (print, list.append) happen only while tracing.", [
                       (1, "MirroredStrategy traces the replica function once per replica, not once in all."),
-                      ((100, 100 * replicas), "inside tf.function the Python body runs only while tracing; later "
-                                              "calls run the graph. Shapes don't change here, so there is no "
-                                              "retracing.")],
+                      ((batches, batches * replicas), "inside tf.function the Python body runs only while "
+                                                      "tracing; later calls run the graph. Shapes don't change "
+                                                      "here, so there is no retracing.")],
                   ". Think: traced once per replica, and not again for same shapes.")
 
 

@@ -233,10 +233,10 @@ def student_badges(source: str) -> str:
     buttons must open a student version, never the lesson with its solutions.
 
     Example:
-        >>> student_badges(badge_row("00_devices.ipynb", "me/course", "v1")).count("/student/00_devices.ipynb")
+        >>> student_badges(badge_row("00_devices.ipynb", "me/lessons", "fall/2027")).count("/student/00_devices.ipynb")
         2
     """
-    return re.sub(r"(/blob/[^/)\s]+/|lab/tree/)lessons/", rf"\g<1>{STUDENT}/", source)
+    return re.sub(r"/lessons/(?=[^/)\s]+\.ipynb)", f"/{STUDENT}/", source)  # refs may hold "/" (fall/2027)
 
 
 def requirement(repo: str, ref: str, extras: str = "") -> str:

@@ -94,8 +94,11 @@ def layer_activations(model: Any, batch: int, bytes_per_value: int = 4) -> list[
     Counted layer by layer: the model's input (a Dense or Conv layer's kernel gradient needs
     its input) and each layer's output (ReLU's gradient needs its output; the next layer's
     input). Layers that only reshape keep nothing new. Counted from the shapes, not measured,
-    so it is an estimate: frameworks fuse some layers and free some outputs early. On a GPU,
-    ``tf.config.experimental.get_memory_info`` reads what was really used.
+    so it is an estimate: frameworks fuse some layers and free some outputs early, and a layer
+    that keeps more inside it than its output (attention's scores, a recurrent layer's states)
+    is undercounted. On a GPU, ``tf.config.experimental.get_memory_info`` reads what was really
+    used. A Sequential (given a ``keras.Input``) or functional model only: a subclassed one
+    raises ValueError.
 
     Example:
         >>> [name for name, _ in layer_activations(models.mlp(64, 10), 32)]  # doctest: +SKIP
@@ -103,7 +106,15 @@ def layer_activations(model: Any, batch: int, bytes_per_value: int = 4) -> list[
     """
     whole_number("batch", batch, minimum=1)
     one_of("bytes_per_value", bytes_per_value, (2, 4), hint="2 for 16-bit activations, 4 for float32.")
-    rows = [("input", batch * math.prod(model.inputs[0].shape[1:]) * bytes_per_value)]
+    try:
+        inputs = model.inputs
+    except AttributeError:  # Keras raises it for a subclassed model, or a Sequential one never built
+        inputs = None
+    if not inputs:
+        raise ValueError(f"{getattr(model, 'name', model)!r} has no symbolic inputs, so its layers' output shapes "
+                         "can't be read: give a Sequential model a keras.Input first, or build a functional model "
+                         "(a subclassed model isn't counted).")
+    rows = [("input", batch * math.prod(inputs[0].shape[1:]) * bytes_per_value)]
     for layer in model.layers:
         if type(layer).__name__ in _VIEWS:
             continue

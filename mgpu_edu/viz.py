@@ -421,7 +421,7 @@ def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
             lines[-1][1].append(name)
         else:
             lines.append((size, [name]))
-    shown, off_scale, last = [], [], None
+    shown, off_scale, last, last_right = [], [], None, False
     for k, (size, names) in enumerate(lines):
         height = size / scale
         if height > 2.2 * top:  # far above the bars: named in a note instead, so the bars stay readable
@@ -431,10 +431,12 @@ def draw_memory_bars(bars: list, marks: dict[str, float], ax: Axes) -> Axes:
         ax.axhline(height, color="black", linestyle=(0, (4, 2 + k)), linewidth=0.8)
         shown.append(height)
         close = last is not None and height - last < 0.06 * max(2.2 * top, height)
-        # labels sit inside the axes' right edge (axes fraction), the lower of two close lines' below it
-        ax.text(0.99, height, ", ".join(names) + " ", transform=ax.get_yaxis_transform(), ha="right",
-                va="top" if close else "bottom", fontsize=7)
-        last = height
+        # labels sit inside the axes (axes fraction): at the right edge, or, for a line close to the one
+        # below it, at the left edge (beside the bars' legend side, so the two labels don't overlap)
+        right = not close or not last_right
+        ax.text(0.99 if right else 0.01, height, (", ".join(names) + " ") if right else (" " + ", ".join(names)),
+                transform=ax.get_yaxis_transform(), ha="right" if right else "left", va="bottom", fontsize=7)
+        last, last_right = height, right
     ax.set_ylim(0, max(shown + [top]) * 1.3)  # headroom: the legend and the labels don't cover a bar
     if off_scale:
         ax.text(0.99, 0.98, "off the scale: " + "; ".join(off_scale), transform=ax.transAxes, ha="right",

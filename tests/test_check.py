@@ -10,16 +10,6 @@ import pytest
 from mgpu_edu import check
 
 
-def test_device_names(capsys):
-    expected = ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"]  # a layout's names: the first two are wanted
-    assert check.device_names(None, expected).status == "unsolved"
-    assert check.device_names(["/job:localhost/replica:0/task:0/device:CPU:0", "/device:CPU:1"], expected).correct
-    assert "physical" in check.device_names(["/physical_device:CPU:0"], expected).message
-    assert "upper case" in check.device_names([], expected).message
-    assert check.device_names(["/device:CPU:2", "/device:CPU:3"], expected).status == "wrong"
-    assert check.device_names("CPU:0", expected).status == "wrong"
-
-
 def test_cross_device_bytes():
     assert check.cross_device_bytes(..., 8, 250_000).status == "unsolved"
     assert check.cross_device_bytes(7_000_000, 8, 250_000).correct
@@ -227,22 +217,54 @@ def test_placed_on_turns_numpy_values_away_with_the_reason(four_devices):
     assert "`.numpy()` copies" in check.placed_on(total.numpy(), four_devices[-1]).message
 
 
-def test_device_names_explains_logical_device_objects(four_devices):
+def test_spread_function_reads_where_tensorflow_put_each_value(four_devices):
     import tensorflow as tf
 
-    objects = tf.config.list_logical_devices("CPU")[:2]
-    with tf.device(objects[1]):  # tf.device takes the objects too
-        assert tf.ones(1).device.endswith("CPU:1")
-    feedback = check.device_names(objects, four_devices[:2])
-    assert feedback.status == "wrong" and "LogicalDevice objects" in feedback.message and ".name" in feedback.message
-    assert "first 2 logical CPU devices" in check.device_names(["/device:CPU:3", "/device:CPU:2"],
-                                                              four_devices[:2]).message
+    def spread(values):
+        out = []
+        for i, value in enumerate(values):
+            with tf.device(four_devices[i % len(four_devices)]):
+                out.append(tf.constant(value))
+        return out
+
+    def one_scope(values):  # every tensor made in one scope: all on one device
+        with tf.device(four_devices[1]):
+            return [tf.constant(v) for v in values]
+
+    def no_wrap(values):  # i, not i % N: past the last device, soft placement puts it elsewhere
+        out = []
+        for i, value in enumerate(values):
+            with tf.device(f"/device:CPU:{i}"):
+                out.append(tf.constant(value))
+        return out
+
+    assert check.spread_function(None, four_devices).status == "unsolved"
+    right = check.spread_function(spread, four_devices)
+    assert right.correct and "6 values over 4 devices" in right.message
+    assert "every tensor lives on the same device" in check.spread_function(one_scope, four_devices).message
+    # TensorFlow soft-places CPU:4 on CPU:0, which is where item 4 belongs anyway: item 5 is the first wrong one
+    assert "value i goes to device i % 4, so item 5" in check.spread_function(no_wrap, four_devices).message
+    assert "not Python or NumPy numbers" in check.spread_function(lambda v: list(v), four_devices).message
+    assert "keep the values, in order" in check.spread_function(lambda v: spread(v[::-1]), four_devices).message
+    assert "one tensor per value, so 6" in check.spread_function(lambda v: spread(v[:4]), four_devices).message
+    assert "no parentheses" in check.spread_function([1.0], four_devices).message
 
 
-@pytest.mark.parametrize("name", ["/CPU:0", "CPU:0", "/cpu:0", "/device:CPU:0",
-                                  "/job:localhost/replica:0/task:0/device:CPU:0"])
-def test_device_names_takes_every_spelling_tf_device_takes(name):
-    assert check.device_names([name, "/device:CPU:1"], ["/device:CPU:0", "/device:CPU:1"]).correct
+@pytest.mark.parametrize("spelling", ["/CPU:{}", "CPU:{}", "/cpu:{}", "/device:CPU:{}",
+                                      "/job:localhost/replica:0/task:0/device:CPU:{}"])
+def test_spread_function_takes_every_spelling_tf_device_takes(spelling, four_devices):
+    import tensorflow as tf
+
+    devices = [spelling.format(i) for i in range(len(four_devices))]
+
+    def spread(values):
+        out = []
+        for i, value in enumerate(values):
+            with tf.device(devices[i % len(devices)]):
+                out.append(tf.constant(value))
+        return out
+
+    assert check.spread_function(spread, devices).correct
 
 
 def _number_types(value):

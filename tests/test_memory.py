@@ -196,3 +196,14 @@ def test_memory_bars_read_in_the_unit_the_numbers_need():
         else:  # 7B's states (112 GB) tower over the T4's 15 GiB: its line is drawn, labelled inside the axes
             assert len(ax.get_lines()) == 1 and texts == ["T4 "]
         plt.close(fig)
+
+
+def test_layer_activations_explains_a_model_it_cannot_count():
+    import keras
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(ValueError, match="has no symbolic inputs.*keras.Input"):
+        memory.layer_activations(Subclassed(), 8)
