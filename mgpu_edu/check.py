@@ -55,6 +55,10 @@ def _unsolved_function(name: str, returned: Any) -> Feedback:
     return _report("wrong", f"`{name}` returned None. Did you forget the `return` statement?")
 
 
+#: The prefix TensorFlow gives a local device's full name; messages show names without it.
+_LOCAL = "/job:localhost/replica:0/task:0"
+
+
 def _device_key(name: str) -> tuple[str, int] | None:
     """("CPU", 2) for "/job:localhost/replica:0/task:0/device:CPU:2", "/CPU:2" or "/cpu:2"."""
     import re
@@ -232,48 +236,70 @@ def _judge(answer: float, expected: float, correct: str, mistakes: Sequence[tupl
 def spread_function(fn: Any, devices: Any) -> Feedback:
     """Lesson 01, exercise 1: ``fn(values)`` puts ``values[i]`` in a tensor on ``devices[i % N]``, round robin.
 
-    ``devices`` is the layout ``setup_devices`` returned (or a list of logical device names). The
-    check calls ``fn`` on six numbers and reads, from TensorFlow, where each tensor it returns lives.
+    ``devices`` is the layout ``setup_devices`` returned (or a list of logical device names or
+    devices). The check calls ``fn`` on six numbers and reads, from TensorFlow, where each tensor
+    it returns lives.
     """
     if _unsolved(fn):
         return _report("unsolved", "define `spread(values)` and pass it to the check.")
     if not callable(fn):
         return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
                                 "itself: check.spread_function(spread, layout), no parentheses.")
-    names = [str(name) for name in devices]
-    values = [float(k + 1) for k in range(len(names) + 2)]  # more values than devices: it must wrap around
+    names = [str(getattr(name, "name", name)) for name in devices]  # LogicalDevice objects too
+    values = [float(k + 1) for k in range(len(names) + 2)]
     try:
         got = fn(list(values))
     except Exception as error:  # a learner's code may raise anything
         return _report("wrong", f"spread({values}) raised {type(error).__name__}: {error}.")
     if _unsolved(got):
         return _unsolved_function("spread", got)
+    if getattr(got, "shape", None) is not None and hasattr(got, "device"):  # one tensor, or one variable
+        return _report("wrong", "spread returned one tensor: a tensor lives on one device. Return a list of "
+                                "tensors, one per value, each created on its own device.")
     try:
         got = list(got)
     except TypeError:
         return _report("wrong", f"spread returned {type(got).__name__}: return a list of tensors, one per value.")
+    except Exception as error:  # a generator's body runs only now
+        return _report("wrong", f"going through what spread({values}) returned raised "
+                                f"{type(error).__name__}: {error}.")
     if len(got) != len(values):
         return _report("wrong", f"spread({values}) returned {len(got)} item(s): one tensor per value, so "
                                 f"{len(values)}.")
     where = [getattr(t, "device", None) for t in got]
-    if not all(isinstance(w, str) and _device_key(w) for w in where):
-        return _report("wrong", "spread must return TensorFlow tensors (their .device says where they live), not "
-                                "Python or NumPy numbers: create each one inside `with tf.device(...)`.")
-    for k, (tensor, device) in enumerate(zip(got, where, strict=True)):
+    for k, (item, device) in enumerate(zip(got, where, strict=True)):
+        if not (isinstance(device, str) and _device_key(device)):
+            numpy_hint = (" `.numpy()` copies a tensor into NumPy, which has left the device: drop it."
+                          if type(item).__module__.split(".")[0] == "numpy" else "")
+            return _report("wrong", f"item {k} is {type(item).__name__} {item!r}, not a TensorFlow tensor: only a "
+                                    f"tensor's .device says where it lives. Create each one inside "
+                                    f"`with tf.device(...)`.{numpy_hint}")
+    for k, tensor in enumerate(got):
+        shape = tuple(getattr(tensor, "shape", ()) or ())
         value = _as_number(tensor)
+        if value is None and shape == (1,):
+            return _report("wrong", f"item {k} has shape (1,): put the number itself in a tensor, "
+                                    "tf.constant(value), not tf.constant([value]).")
         if value is None or not _close(value, values[k], rel_tol=1e-6):
             return _report("wrong", f"item {k} holds {tensor!r}, not {_show(values[k])}: keep the values, in order.")
+    for k, device in enumerate(where):
         wanted = names[k % len(names)]
         if _device_key(device) != _device_key(wanted):
+            short = device.replace(_LOCAL, "")
             if len({_device_key(w) for w in where}) == 1:
-                hint = ("every tensor lives on the same device: create each one *inside* its own "
-                        "`with tf.device(...)` block, a different device for each value.")
+                hint = ("every tensor lives on the same device. Create each one inside its own "
+                        "`with tf.device(layout[i % N])` block. If you did, the names you passed may name no "
+                        "device here (a GPU on a CPU kernel, '/device:Cpu:1'): soft placement then runs the "
+                        "work on another device without a word (section 1).")
             else:
                 hint = f"value i goes to device i % {len(names)}, so item {k} to {wanted}."
-            return _report("wrong", f"item {k} lives on {device}, not {wanted}: {hint}")
+                if _device_key(device) == _device_key(names[0]) and k >= len(names):
+                    hint += (f" (If you asked for device {k}: there is none, so TensorFlow soft-placed it on "
+                             f"{short}, without a word.)")
+            return _report("wrong", f"item {k} lives on {short}, not {wanted}: {hint}")
     return _report("correct", f"{len(values)} values over {len(names)} devices, wrapping around: item i on device "
-                              f"i % {len(names)}, as TensorFlow reports. Lesson 02's towers place each shard the "
-                              "same way.")
+                              f"i % {len(names)}, as TensorFlow reports. Lesson 02's towers put each shard in its "
+                              "own tf.device block the same way.")
 
 
 def cross_device_bytes(answer: Any, readers: int, elements: int, itemsize: int = 4) -> Feedback:

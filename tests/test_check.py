@@ -244,7 +244,25 @@ def test_spread_function_reads_where_tensorflow_put_each_value(four_devices):
     assert "every tensor lives on the same device" in check.spread_function(one_scope, four_devices).message
     # TensorFlow soft-places CPU:4 on CPU:0, which is where item 4 belongs anyway: item 5 is the first wrong one
     assert "value i goes to device i % 4, so item 5" in check.spread_function(no_wrap, four_devices).message
-    assert "not Python or NumPy numbers" in check.spread_function(lambda v: list(v), four_devices).message
+    assert "item 0 is float 1.0, not a TensorFlow tensor" in check.spread_function(list, four_devices).message
+
+    def vectors(values):  # tf.constant([value]): right place, but a vector
+        out = []
+        for i, value in enumerate(values):
+            with tf.device(four_devices[i % 4]):
+                out.append(tf.constant([value]))
+        return out
+
+    assert "has shape (1,)" in check.spread_function(vectors, four_devices).message
+
+    def breaks_while_read(values):  # a generator runs its body only when the check reads it
+        for i, value in enumerate(values):
+            with tf.device(four_devices[i]):  # IndexError at the fifth value
+                yield tf.constant(value)
+
+    assert "raised IndexError" in check.spread_function(breaks_while_read, four_devices).message
+    stacked = check.spread_function(lambda v: tf.stack(spread(v)), four_devices).message
+    assert "spread returned one tensor" in stacked
     assert "keep the values, in order" in check.spread_function(lambda v: spread(v[::-1]), four_devices).message
     assert "one tensor per value, so 6" in check.spread_function(lambda v: spread(v[:4]), four_devices).message
     assert "no parentheses" in check.spread_function([1.0], four_devices).message
