@@ -6,9 +6,10 @@ its TF_CONFIG, and this script would be the coordinator. The coordinator schedul
 runs on whichever worker is free, reads the variables from the parameter server, and writes its
 update back without waiting for the others. Steps therefore finish out of order, and a step may
 use weights that other steps have already changed (stale gradients). Every fourth step does more
-work than the others, and step 0 stands for a slow worker: it starts its work only once another
-step's update has landed, so it always finishes after at least one step scheduled later, with a
-gradient at least one update stale.
+work than the others, and step 0 stands for a slow worker: it reads the weights first (the other
+steps wait for that), then starts its work only once another step's update has landed, so it always
+finishes after at least one step scheduled later, with a gradient at least one update stale, however
+busy the machine is.
 
 Prints one JSON line: the order steps were scheduled in, the order they finished in, each
 step's staleness (how many other updates reached the parameter server between the step reading
@@ -132,6 +133,7 @@ def main() -> None:
     with strategy.scope():
         w = tf.Variable(tf.zeros((16, 1)), name="w")
         version = tf.Variable(0, dtype=tf.int64, name="version")  # updates the parameter server has applied
+        step0_read = tf.Variable(False, name="step0_read")  # step 0 has read the weights
         target = tf.constant(tf.linspace(-1.0, 1.0, 16)[:, None])
 
     workers = args.workers
@@ -139,22 +141,34 @@ def main() -> None:
 
     @tf.function
     def step(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+        # step 0 stands for a slow worker (with two workers or more). The other scheduled steps (not the
+        # warm-ups, numbered from 1001) first wait until it has read the weights: on a busy machine its
+        # worker may be slow to start, and the others must not all finish before it reads
+        slow = tf.logical_and(tf.equal(index, 0), workers > 1)
+        others = tf.logical_and(tf.logical_and(index > 0, index < 1000), workers > 1)
+        start = tf.timestamp()
+
+        def before_step0(n: tf.Tensor) -> tf.Tensor:  # (at most a minute: a guard, never reached in a healthy run)
+            return tf.logical_and(others, tf.logical_and(tf.logical_not(step0_read.read_value()),
+                                                         tf.timestamp() - start < 60.0))
+        after_step0 = tf.while_loop(before_step0, lambda n: n + 1, [tf.constant(0)])
         with tf.GradientTape() as tape:
-            seen = version.read_value()  # the weights' version this step starts from
+            with tf.control_dependencies([after_step0]):
+                seen = version.read_value()  # the weights' version this step starts from
             with tf.control_dependencies([seen]):
                 current = w.read_value()  # read right after the version: the weights this step uses
-            # step 0 stands for a slow worker: it starts only once another step's update has landed (with
-            # two workers or more), so it can't finish first, and its gradient is at least 1 update stale
-            # (and none is left to wait for once every other step has updated: a rerun after a lost worker)
-            wait = tf.logical_and(tf.equal(index, 0), workers > 1)
-
-            with tf.control_dependencies([current]):
+            with tf.control_dependencies([current]):  # step 0 lets the others go once it has read
+                told = tf.cond(slow, lambda: step0_read.assign(True).read_value(), lambda: tf.constant(False))
+            # step 0 then starts only once another step's update has landed, so it can't finish first, and
+            # its gradient is at least 1 update stale (none is left to wait for once every other step has
+            # updated: a rerun after a lost worker)
+            with tf.control_dependencies([told]):
                 since = tf.timestamp()
 
             def waiting(n: tf.Tensor) -> tf.Tensor:  # (at most a minute: a guard, never reached in a healthy run)
                 now = version.read_value()
                 pending = tf.logical_and(now <= seen, now < last_update)
-                return tf.logical_and(wait, tf.logical_and(pending, tf.timestamp() - since < 60.0))
+                return tf.logical_and(slow, tf.logical_and(pending, tf.timestamp() - since < 60.0))
             waited = tf.while_loop(waiting, lambda n: n + 1, [tf.constant(0)])
             # uneven work, done only after both reads: every fourth step (0, 4, 8, ...) does 6 big products
             with tf.control_dependencies([current, waited]):
