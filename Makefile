@@ -9,7 +9,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab test test-main test-busy test-colab test-binder test-py310 budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab check test test-main test-busy test-colab test-binder test-py310 budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -29,13 +29,30 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG)
 
-# Every test, in every environment the course promises (what CI runs; about an hour on 2 cores).
-test: test-main test-colab test-binder test-py310 budgets
+# Every test, in every environment the course promises (what CI runs). Each lesson runs once per
+# environment that runs lessons (main, Colab-like, Binder-like) and its student version once (under
+# nbgrader); the test runs note each run in build/executions.tsv and .ci/executions.py checks the counts.
+EXECUTIONS := $(CURDIR)/build/executions.tsv
+test:
+	rm -f $(EXECUTIONS)
+	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory test-main test-colab test-binder test-py310
+	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 
-# Main environment (current releases): lint, unit tests, every lesson under nbval, the browser
-# test (needs Debian's chromium). Everything runs with the network blocked (see conftest.py).
+# Main environment (current releases): lint, unit tests, every lesson under nbval, the student versions
+# and nbgrader, the browser tests (Debian's chromium), the website, all in one pytest run whose lesson
+# timings and memory readings make the budget table (build/budgets/results.md). Everything runs with the
+# network blocked (see conftest.py).
 test-main: lint chromium
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python benchmarks/budgets.py --tests
+
+# The everyday loop, a few minutes from a warm .venv: lint, the unit tests that run no lesson (those marked
+# `lessons` or `slow` are make test's), and every lesson that differs from BASE's merge base (committed or
+# not; BASE=origin/main to compare with another branch).
+BASE ?= main
+check: lint
+	@lessons=$$(.ci/changed-lessons $(BASE)) || exit 2; \
+	echo "Lessons changed since the merge base with $(BASE): $${lessons:-none}"; \
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests -m "not lessons and not slow" $$lessons
 
 # Every lesson under nbval while other processes keep all the cores busy in bursts, as on a shared host
 # (benchmarks/bursty_load.py): no lesson may fail because the machine is slow. CI runs the Colab-like

@@ -6,6 +6,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 # The banner says where it runs; CI and nbval runs count as a local machine.
 os.environ.setdefault("MGPU_EDU_PLATFORM", "local")
 
@@ -54,6 +56,33 @@ def _leftover_processes(grace_s: float = 5.0) -> list[str]:
         except psutil.Error:
             continue
     return described
+
+
+#: Where `make test` counts executions (.ci/executions.py reads it): one line per notebook run, as
+#: "environment <tab> what ran <tab> lesson file". This run's nbval notebooks are noted as they start.
+EXECUTION_LOG = os.environ.get("MGPU_EDU_EXECUTION_LOG")
+_NBVAL_RUNS: list[str] = []
+
+
+def note_execution(kind: str, file: str) -> None:
+    """Count one run of a lesson's notebook (kind: "lesson", "student version", "widget's cells")."""
+    if EXECUTION_LOG:
+        Path(EXECUTION_LOG).parent.mkdir(parents=True, exist_ok=True)
+        with open(EXECUTION_LOG, "a", encoding="utf-8") as log:
+            log.write(f"{os.environ['MGPU_EDU_PLATFORM']}\t{kind}\t{Path(file).name}\n")
+
+
+@pytest.fixture(scope="session")
+def executions():
+    """note_execution, for tests that run a lesson's notebook themselves."""
+    return note_execution
+
+
+def pytest_runtest_logstart(nodeid, location):
+    file = nodeid.split("::")[0]
+    if file.endswith(".ipynb") and file not in _NBVAL_RUNS:  # nbval's first cell of a notebook
+        _NBVAL_RUNS.append(file)
+        note_execution("lesson", file)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -7,9 +7,13 @@ Usage (from the repository root, inside the dev environment):
     python benchmarks/budgets.py --commit        # into the tracked benchmarks/results.md and .json, the
                                                  # CONTRIBUTING.md's budget table and the guide's time table
     python benchmarks/budgets.py --label "Binder-like (binder/)" --name results-binder [--commit]
+    python benchmarks/budgets.py --tests         # every test, the lessons among them (make test-main):
+                                                 # the lessons' rows come from that one run
 
 Measurements are not sources: a plain run (what ``make test`` does) writes only under the ignored
-``build/budgets/``; only ``--commit`` (``make budgets-commit``) touches tracked files.
+``build/budgets/``; only ``--commit`` (``make budgets-commit``) touches tracked files. ``make test``
+runs each lesson once per environment and never again for its budgets: the main environment's rows
+come from ``--tests``, the Binder-like environment's from its own run.
 
 The lessons run under ``pytest --nbval-lax`` in one pytest process, as CI runs them, each in a
 fresh kernel (nbval starts one per notebook). A lesson's time is the summed duration of its cells
@@ -96,7 +100,7 @@ def _sample(proc: psutil.Process, stop: threading.Event, samples: list[tuple[flo
         stop.wait(0.05)
 
 
-def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float]:
+def run_suite(paths: list[Path], busy: bool = False, whole: bool = False) -> tuple[list[dict], float, dict]:
     """Run the lessons under nbval in one pytest process, as CI runs them; return a row per lesson
     (time, kernel peak, all processes' peak, outcome) and the whole run's wall time.
 
@@ -105,12 +109,15 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float]
     (importing nbval and nbformat), paid once. Memory samples are told apart by when they were
     taken: between a lesson's first cell starting and its last one ending. With ``busy``, other
     processes keep the cores busy in bursts meanwhile (bursty_load.py): times then say how much slower
-    a lesson runs on a shared machine, and whether it still passes."""
+    a lesson runs on a shared machine, and whether it still passes. With ``whole``, the pytest process runs
+    every test (pyproject's testpaths: the unit tests, then the lessons), as ``make test-main`` does, and
+    the lesson rows are taken from that run; the third value then gives each test file's summed time and
+    the pytest exit status."""
     timing = ROOT / "build" / "budgets" / "lesson-timing.json"
     timing.parent.mkdir(parents=True, exist_ok=True)
     timing.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "lesson_timing",
-               *(str(path.relative_to(ROOT)) for path in paths)]
+    command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "lesson_timing",
+               *([] if whole else ["-q", *(str(path.relative_to(ROOT)) for path in paths)])]
     if busy:
         command = [sys.executable, str(ROOT / "benchmarks" / "bursty_load.py"), "--", *command]
     env = {**os.environ, "MGPU_EDU_TIMING_FILE": str(timing),
@@ -121,7 +128,12 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float]
     stop = threading.Event()
     sampler = threading.Thread(target=_sample, args=(psutil.Process(proc.pid), stop, samples), daemon=True)
     sampler.start()
-    output, _ = proc.communicate()
+    lines = []
+    for line in proc.stdout:  # as it comes, so a long run shows its progress
+        print(line, end="", flush=True)
+        lines.append(line)
+    proc.wait()
+    output = "".join(lines)
     seconds = time.perf_counter() - start
     stop.set()
     sampler.join()
@@ -143,7 +155,8 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float]
                      "summary": f"{span['passed']} passed, {span['failed']} failed",
                      "slowest": [(cell, round(s, 1)) for cell, s in
                                  sorted(span["cells"].items(), key=lambda kv: -kv[1])[:3]]})
-    return rows, round(seconds, 1)
+    files = {name: round(sum(span["cells"].values()), 1) for name, span in spans.items()}
+    return rows, round(seconds, 1), {"files": files, "exit_status": proc.returncode, "wall_seconds": seconds}
 
 
 def time_import(statement: str, repeats: int = 5) -> tuple[float, bool]:
@@ -179,17 +192,20 @@ def versions() -> str:
     return ", ".join(found)
 
 
-def table(rows: list[dict], suite_seconds: float) -> str:
-    """CONTRIBUTING's budget table: lesson · time · memory, pytest's own start, and the whole run."""
+def table(rows: list[dict], suite_seconds: float, startup: bool = True) -> str:
+    """CONTRIBUTING's budget table: lesson · time · memory, pytest's own start (with ``startup``: a run of
+    the lessons alone), and the whole run."""
     lines = ["| lesson | nbval time (s) | kernel peak RSS (MB) | all processes, PSS (MB) | within budget |",
              "|---|---:|---:|---:|---|"]
     for row in rows:
         ok = row["passed"] and row["seconds"] <= LESSON_BUDGET_S and row["kernel_mb"] <= KERNEL_BUDGET_MB
         lines.append(f"| {row['lesson']} | {row['seconds']:.1f} | {row['kernel_mb']:,} | {row['tree_mb']:,} | "
                      f"{'yes' if ok else 'NO'}{'' if row['passed'] else ' (failed)'} |")
-    start = suite_seconds - sum(r["seconds"] for r in rows)
-    lines.append(f"| pytest, nbval and nbformat starting (once) | {start:.1f} | | | |")
-    lines.append(f"| **whole suite** (one pytest run) | **{suite_seconds:.1f}** | "
+    if startup:
+        start = suite_seconds - sum(r["seconds"] for r in rows)
+        lines.append(f"| pytest, nbval and nbformat starting (once) | {start:.1f} | | | |")
+    what = "one pytest run" if startup else "the lessons' sum"
+    lines.append(f"| **whole suite** ({what}) | **{suite_seconds:.1f}** | "
                  f"max {max(r['kernel_mb'] for r in rows):,} | max {max(r['tree_mb'] for r in rows):,} | "
                  f"{'yes' if suite_seconds <= SUITE_BUDGET_S else 'NO'} |")
     return "\n".join(lines)
@@ -243,6 +259,9 @@ def main() -> int:
                         help="write into the tracked benchmarks/ (and, for the main results, CONTRIBUTING's "
                         "budget table and the guide's time table) instead of build/budgets/")
     parser.add_argument("--label", default="", help="name of this environment, for the results' heading")
+    parser.add_argument("--tests", action="store_true",
+                        help="run every test, the lessons included (what make test-main does), and take the lessons' "
+                        "rows from that run, with each test file's time")
     parser.add_argument("--busy", action="store_true",
                         help="run the lessons while other processes keep the cores busy in bursts (bursty_load.py): "
                         "every lesson must still pass; times are reported, not held to the budget")
@@ -253,8 +272,12 @@ def main() -> int:
         paths = lesson_paths(ROOT, args.lessons)
     except ValueError as error:
         parser.error(str(error))
+    if args.tests and (args.lessons or args.busy):
+        parser.error("--tests runs every test and every lesson, unloaded: give no lesson numbers and no --busy")
     reference = [time_import(HOST_REFERENCE, repeats=3)[0]]  # the host's speed, before and after the suite
-    rows, suite_seconds = run_suite(paths, busy=args.busy)
+    rows, suite_seconds, run = run_suite(paths, busy=args.busy, whole=args.tests)
+    if args.tests:  # the lessons' sum: pytest's start and the unit tests are the whole run's
+        suite_seconds = round(sum(row["seconds"] for row in rows), 1)
     reference.append(time_import(HOST_REFERENCE, repeats=3)[0])
     for row in rows:
         slowest = ", ".join(f"{cell} {seconds:.1f} s" for cell, seconds in row.get("slowest", []))
@@ -270,10 +293,18 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     label = args.label or ("Under bursty load (benchmarks/bursty_load.py)" if args.busy else "")
     measured = f"{label}: measured" if label else "Measured"
-    when = f"{time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by `python benchmarks/budgets.py`"
+    script = "python benchmarks/budgets.py" + (" --tests" if args.tests else "")
+    when = f"{time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by `{script}`"
     title = f"Budget results, {args.label}" if args.label else ("Budget results under bursty load" if args.busy
                                                                   else "Budget results")
-    text = (f"# {title}\n\n{measured} {when}.\n\n{table(rows, suite_seconds)}\n\n"
+    parts = ""
+    if args.tests:
+        tests = {name: s for name, s in run["files"].items() if not name.startswith("lessons/")}
+        parts = ("\n\nThe same run's test files, each file's summed test time:\n\n| file | time (s) |\n|---|---:|\n"
+                 + "".join(f"| {name} | {s:.1f} |\n" for name, s in sorted(tests.items(), key=lambda kv: -kv[1]))
+                 + f"| **unit tests** | **{sum(tests.values()):.1f}** |\n| lessons (above) | {suite_seconds:.1f} |\n"
+                 + f"| **whole pytest run**, its start included | **{run['wall_seconds']:.1f}** |")
+    text = (f"# {title}\n\n{measured} {when}.\n\n{table(rows, suite_seconds, startup=not args.tests)}{parts}\n\n"
             + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items())
             + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}"
             + f"\n- host speed: `{HOST_REFERENCE}` in a fresh process took {reference[0]:.2f} s before the suite "
@@ -283,6 +314,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     measured_json = {"lessons": rows, "suite_seconds": suite_seconds, **imports,
+                     **({"test files (s)": run["files"], "whole pytest run (s)": round(run["wall_seconds"], 1)}
+                        if args.tests else {}),
                      "host reference (s), before and after": reference}
     out.with_suffix(".json").write_text(json.dumps(measured_json, indent=1) + "\n")
     print(text)
@@ -298,7 +331,9 @@ def main() -> int:
         guide.write_text(replace_block(guide.read_text(encoding="utf-8"), TIMES_START, TIMES_END, block),
                          encoding="utf-8")
         print("refreshed CONTRIBUTING.md's budget table and docs/instructors.md's time table")
-    failures = [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
+    failures = [f"pytest failed (exit status {run['exit_status']}): see its report above"] if run[
+        "exit_status"] else []
+    failures += [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
     failures += [f"{r['lesson']}: kernel peak {r['kernel_mb']} MB > {KERNEL_BUDGET_MB:.0f} MB"
                  for r in rows if r["kernel_mb"] > KERNEL_BUDGET_MB]
     failures += ["import mgpu_edu or mgpu-edu --help imported TensorFlow"] if tf_imported else []

@@ -1,21 +1,24 @@
-"""Lessons in a real browser: JupyterLab 4 + headless Chromium (Debian's package) via Playwright.
+"""Widgets in a real browser: JupyterLab 4 + headless Chromium (Debian's package) via Playwright.
 
-Each test runs a whole lesson in JupyterLab and drives its widget as a learner would. Lesson 03:
-steps the all-reduce stepper and adds a device. Lesson 05: moves the replicas slider (timing the
-diagram's redraw), clicks Train, and waits for a new row in the results table. Lesson 07: adds a
-pipeline stage. Lesson 08: moves a slider and clicks a toggle of the scaling simulator. Lesson 10:
-moves the memory calculator's ZeRO-stage slider. Each checks the redrawn figure and numbers.
-Chromium comes from apt (``make test`` installs it when it can); Playwright's own browser
-downloads are not used.
+Each test opens, in JupyterLab, the part of a lesson its widget needs (the widget's cell and every
+earlier cell it depends on: see ``widget_notebook``), runs it all, and drives the widget as a
+learner would. Lesson 03: steps the all-reduce stepper and adds a device. Lesson 05: moves the
+replicas slider (timing the diagram's redraw) and clicks Train, and waits for a new row in the
+results table. Lesson 07: adds a pipeline stage. Lesson 08: moves a slider and clicks a toggle of
+the scaling simulator. Lesson 10: moves the memory calculator's ZeRO-stage slider. Each checks the
+redrawn figure and numbers. The whole lessons run under nbval (once per environment); running them
+here again would cost a fourth run of each. Chromium comes from apt (``make test`` installs it when
+it can); Playwright's own browser downloads are not used.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -38,14 +41,60 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _names(source: str) -> tuple[set[str], set[str]]:
+    """(names a cell reads and doesn't assign itself, names it assigns or imports); builtins left out, IPython
+    magics and shell lines read as ``pass``."""
+    lines = [line[: len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
+             for line in source.splitlines()]
+    stored, loaded = set(), set()
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.Name):
+            (stored if isinstance(node.ctx, ast.Store | ast.Del) else loaded).add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            stored.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            stored.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.arg):
+            stored.add(node.arg)
+    return loaded - stored - set(dir(builtins)), stored
+
+
+def widget_notebook(lesson: Path, widget: str):
+    """The lesson cut down to what its widget needs: the code cell that builds ``widget`` and, walking back,
+    the last earlier cell that assigns each name it reads, and so on (a backward slice by names). Fails if a
+    name is left that no earlier cell assigns."""
+    import nbformat
+
+    nb = nbformat.read(lesson, as_version=4)
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    [target] = [i for i, cell in enumerate(code) if f"{widget}(" in cell.source]
+    names = [_names(cell.source) for cell in code]
+    keep, wanted = {target}, set(names[target][0])
+    for i in range(target - 1, -1, -1):
+        reads, writes = names[i]
+        if writes & wanted:
+            keep.add(i)
+            wanted = (wanted - writes) | reads
+    assert not wanted, f"{lesson.name}: no cell before the {widget} assigns {sorted(wanted)}"
+    nb.cells = [code[i] for i in sorted(keep)]
+    return nb
+
+
 @pytest.fixture
-def lab(tmp_path, request):
-    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving a copy of one lesson (default 05)."""
+def lab(tmp_path, request, executions):
+    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving what one lesson's widget needs (default
+    lesson 05), under the lesson's own file name."""
+    import nbformat
+
+    from mgpu_edu import course
+
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}. Install Debian's package (sudo apt-get install chromium) "
                     "or set MGPU_EDU_CHROMIUM to its path; `make test` installs it when it can.")
     lesson = getattr(request, "param", "05_batch_scaling.ipynb")
-    shutil.copy(ROOT / "lessons" / lesson, tmp_path / lesson)
+    [widget] = course.load(ROOT / "lessons").lesson(lesson).widgets
+    nbformat.write(widget_notebook(ROOT / "lessons" / lesson, widget), tmp_path / lesson)
+    executions("widget's cells", lesson)
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "MGPU_EDU_PLATFORM": "local", "JUPYTER_CONFIG_DIR": str(tmp_path / ".jupyter"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / ".runtime")}
@@ -120,10 +169,9 @@ def _appear(page, widget, name: str, tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path, ready: str = ""):
-    """Run a whole lesson in JupyterLab in Chromium; yield (page, widget) once it has finished, widget in view.
-
-    ``ready`` is a JavaScript condition to wait for too before the notebook counts as finished."""
+def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path):
+    """Run a notebook (a lesson cut down to its widget) in JupyterLab in Chromium; yield (page, widget) once it
+    has finished, widget in view."""
     from playwright.sync_api import sync_playwright
 
     url, token = lab
@@ -134,8 +182,6 @@ def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path, r
             _open_and_run_all(page, url, token, lesson)
             widget = page.locator(selector)
             _appear(page, widget, name, tmp_path)
-            if ready:
-                page.wait_for_function(ready, timeout=120_000)
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
             widget.scroll_into_view_if_needed()  # JupyterLab 4 renders only the cells in view
             widget.wait_for(state="visible", timeout=30_000)
@@ -145,9 +191,7 @@ def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path, r
 
 
 def test_explorer_in_jupyterlab(lab, tmp_path):
-    # the lesson's own runs fill the table (3 rows) before the explorer is used
-    with _lesson_widget(lab, "05_batch_scaling.ipynb", ".mgpu-explorer", "explorer", tmp_path,
-                        ready="document.querySelectorAll('.mgpu-results tbody tr').length >= 3") as (page, explorer):
+    with _lesson_widget(lab, "05_batch_scaling.ipynb", ".mgpu-explorer", "explorer", tmp_path) as (page, explorer):
         rows_before = page.locator(".mgpu-results tbody tr").count()
 
         # move the replicas slider and time the diagram's redraw, in the browser
@@ -250,7 +294,7 @@ def test_allreduce_stepper_in_jupyterlab(lab, tmp_path):
             page, stepper):
         n, step = int(_readout(stepper, "devices N")), int(_readout(stepper, "step"))
         trace = allreduce.simulate("ring", n, length=n * 4)
-        assert 0 < step < len(trace.steps)  # the lesson left it mid-way: there is a next step
+        assert 0 <= step < len(trace.steps) - 1  # there is a next step
         _redraw(page, stepper, _press(page, stepper, "step", "ArrowRight"))
         assert int(_readout(stepper, "step")) == step + 1
         _shows(page, stepper, f"Bytes sent so far, per device: {trace.bytes_sent_until(step + 1)}")
@@ -310,3 +354,32 @@ def test_every_widget_a_lesson_shows_is_driven_in_the_browser():
 
     shown = {name for lesson in course.load(ROOT / "lessons").lessons for name in lesson.widgets}
     assert shown == set(DRIVEN), f"widgets without a browser test: {sorted(shown - set(DRIVEN))}"
+
+
+def test_widget_notebook_keeps_the_cells_a_widget_needs(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell('import sys\nif "google.colab" in sys.modules:\n    %pip install x'),
+        nbformat.v4.new_code_cell("from mgpu_edu.widgets import Stepper\nn = 4"),
+        nbformat.v4.new_markdown_cell("Some text."),
+        nbformat.v4.new_code_cell("unrelated = 1\nassert unrelated"),
+        nbformat.v4.new_code_cell("def size(k):\n    return k * n"),
+        nbformat.v4.new_code_cell("m = size(2)"),
+        nbformat.v4.new_code_cell("stepper = Stepper(n=m)\nstepper"),
+        nbformat.v4.new_code_cell("stepper.step()"),
+    ])
+    nbformat.write(nb, tmp_path / "lesson.ipynb")
+    kept = [cell.source.splitlines()[0] for cell in widget_notebook(tmp_path / "lesson.ipynb", "Stepper").cells]
+    assert kept == ["from mgpu_edu.widgets import Stepper", "def size(k):", "m = size(2)", "stepper = Stepper(n=m)"]
+    nb.cells[5].source = "m = size(2) + missing"
+    nbformat.write(nb, tmp_path / "lesson.ipynb")
+    with pytest.raises(AssertionError, match=r"assigns \['missing'\]"):
+        widget_notebook(tmp_path / "lesson.ipynb", "Stepper")
+    # every lesson's widget: its own cell and the lesson's set-up cell at least
+    from mgpu_edu import course
+
+    for lesson in course.load(ROOT / "lessons").lessons:
+        for widget in lesson.widgets:
+            cells = widget_notebook(ROOT / "lessons" / lesson.file, widget).cells
+            assert "setup_devices" in cells[0].source and f"{widget}(" in cells[-1].source

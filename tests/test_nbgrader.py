@@ -1,18 +1,25 @@
 """nbgrader 0.9 itself, offline, in a temporary course folder made by ``mgpu-edu nbgrader``.
 
 - ``nbgrader generate_assignment`` on every lesson writes the same student cells as ``mgpu-edu student``;
-- ``nbgrader autograde`` gives the instructor's version full points, and the untouched student version
-  zero points, every cell of it run without a crash (only the hidden asserts fail); on lesson 03, a
-  solved student copy full points, and one whose locked checks were edited zero (nbgrader restores them);
+- ``nbgrader autograde`` runs every lesson's untouched student version: every cell runs, every check
+  says "not solved yet", and nbgrader gives it zero points. This is the one run of each student
+  version in ``make test``;
+- it gives the instructor's version full points, graded from the outputs stored in lessons/ (made by
+  ``make lessons``) without running it: nbval runs every lesson in the same ``make test`` and fails
+  if a cell raises or a check cell prints other feedback than it stored, so the stored outputs are
+  this run's. That grading reads the outputs is checked too: an error stored in a check cell costs
+  its point;
+- on lesson 03's exercises (a notebook of just them, which runs in a second), a solved student copy
+  gets full points, and one whose locked checks were edited zero (nbgrader restores them);
 - ``nbgrader generate_feedback`` writes an HTML report for each.
 
-The scores go to build/nbgrader/scores.md (git-ignored), for the record.
+The scores go to build/nbgrader/scores.md (git-ignored), for the record. Every test here is marked
+``lessons``: it runs whole lessons (``make check`` and the Python 3.10 job leave them out).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
 STUDENTS = {"instructor": "the instructor's version, solutions in", "untouched": "the student version, untouched"}
+EXERCISES = "03_exercises"  # lesson 03's exercises alone, for the solved and edited student copies
+
+pytestmark = pytest.mark.lessons
 
 
 def is_solution(cell) -> bool:
@@ -65,39 +75,68 @@ def nbgrader(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
+def exercises_only(lesson: Path):
+    """The lesson cut down to its exercises (each prompt, answer and check) after one cell that imports check."""
+    nb = nbformat.read(lesson, as_version=4)
+    nb.cells = [nbformat.v4.new_code_cell("from mgpu_edu import check")] + [
+        c for c in nb.cells if "nbgrader" in c.metadata]
+    return nb
+
+
 @pytest.fixture(scope="module")
 def released(tmp_path_factory) -> Path:
-    """A course folder, as `mgpu-edu nbgrader` makes it, after `nbgrader generate_assignment` on every lesson."""
+    """A course folder, as `mgpu-edu nbgrader` makes it, after `nbgrader generate_assignment` on every lesson
+    (and on lesson 03's exercises alone)."""
     root = tmp_path_factory.mktemp("nbgrader")
     run(sys.executable, "-m", "mgpu_edu", "nbgrader", str(LESSONS), "course", cwd=root)
     course_dir = root / "course"
+    (course_dir / "source" / EXERCISES).mkdir()
+    target = course_dir / "source" / EXERCISES / f"{EXERCISES}.ipynb"
+    nbformat.write(exercises_only(LESSONS / "03_allreduce.ipynb"), target)
     nbgrader("generate_assignment", "*", cwd=course_dir)
     return course_dir
 
 
+def submit(course_dir: Path, student: str, stem: str, nb) -> None:
+    target = course_dir / "submitted" / student / stem / f"{stem}.ipynb"
+    target.parent.mkdir(parents=True)
+    nbformat.write(nb, target)
+
+
 @pytest.fixture(scope="module")
-def graded(released) -> Path:
-    """Both submissions of every lesson, autograded, with feedback generated."""
+def graded(released, executions) -> Path:
+    """Every lesson's submissions, autograded, with feedback generated."""
+    # the instructor's versions, graded from their stored outputs, not run (see the module's docstring); and
+    # one with an error stored in lesson 03's first check, to show the grade comes from those outputs
+    for file in FILES:
+        submit(released, "instructor", file.removesuffix(".ipynb"), nbformat.read(LESSONS / file, as_version=4))
+    broken = nbformat.read(LESSONS / "03_allreduce.ipynb", as_version=4)
+    first_check = next(c for c in broken.cells if is_grade(c))
+    first_check.outputs = [nbformat.v4.new_output("error", ename="AssertionError", evalue="wrong", traceback=[])]
+    submit(released, "stored-error", "03_allreduce", broken)
+    for student in ("instructor", "stored-error"):
+        nbgrader("autograde", "*", "--student", student, "--ClearOutput.enabled=False", "--Execute.enabled=False",
+                 cwd=released)
+    # the untouched student versions, run: the one run of each in `make test`
     for file in FILES:
         stem = file.removesuffix(".ipynb")
-        for student, origin in (("instructor", LESSONS / file), ("untouched", released / "release" / stem / file)):
-            target = released / "submitted" / student / stem / file
-            target.parent.mkdir(parents=True)
-            shutil.copy(origin, target)
-    # two more students on lesson 03: one solved the handed-out copy, one "fixed" its locked checks instead
-    stem, file = "03_allreduce", "03_allreduce.ipynb"
-    answers = [c.source for c in nbformat.read(LESSONS / file, as_version=4).cells if is_solution(c)]
-    solved = nbformat.read(released / "release" / stem / file, as_version=4)
+        submit(released, "untouched", stem, nbformat.read(released / "release" / stem / file, as_version=4))
+    nbgrader("autograde", "*", "--student", "untouched", cwd=released)
+    for file in FILES:
+        executions("student version", file)
+    # two students on lesson 03's exercises: one solved the handed-out copy, one "fixed" its locked checks instead
+    source = nbformat.read(released / "source" / EXERCISES / f"{EXERCISES}.ipynb", as_version=4)
+    answers = [c.source for c in source.cells if is_solution(c)]
+    solved = nbformat.read(released / "release" / EXERCISES / f"{EXERCISES}.ipynb", as_version=4)
     for cell, answer in zip([c for c in solved.cells if is_solution(c)], answers, strict=True):
         cell.source = "\n".join(line for line in answer.split("\n") if "SOLUTION" not in line)
-    edited = nbformat.read(released / "release" / stem / file, as_version=4)
+    edited = nbformat.read(released / "release" / EXERCISES / f"{EXERCISES}.ipynb", as_version=4)
     for cell in edited.cells:
         if is_grade(cell):
             cell.source = "feedback = 'correct'"
-    for student, nb in (("solved", solved), ("edited", edited)):
-        (released / "submitted" / student / stem).mkdir(parents=True)
-        nbformat.write(nb, released / "submitted" / student / stem / file)
-    nbgrader("autograde", "*", cwd=released)
+    submit(released, "solved", EXERCISES, solved)
+    submit(released, "edited", EXERCISES, edited)
+    nbgrader("autograde", EXERCISES, cwd=released)
     nbgrader("generate_feedback", "*", cwd=released)
     scores = {}
     with gradebook(released) as gb:
@@ -150,6 +189,12 @@ def test_autograde_gives_the_solutions_full_points_and_the_untouched_version_zer
     for cell in failed:
         [error] = [o for o in cell.outputs if o.output_type == "error"]
         assert error.ename == "AssertionError" and error.evalue.startswith("⏳ Not solved yet"), error.evalue
+        cell.outputs = [o for o in cell.outputs if o.output_type != "error"]  # nbgrader's hidden assert, not ours
+    # and, without the hidden asserts, it is what a student sees: each check printed "not solved yet"
+    results = assignments.exercise_results(nb, file)
+    assert len(results) == points
+    assert [r.status for r in results] == ["unsolved"] * len(results), results
+    assert all(r.message for r in results)
     for student in STUDENTS:
         html = (graded / "feedback" / student / stem / f"{stem}.html").read_text(encoding="utf-8")
         expected = points if student == "instructor" else 0
@@ -158,7 +203,12 @@ def test_autograde_gives_the_solutions_full_points_and_the_untouched_version_zer
 
 def test_autograde_scores_a_solved_student_copy_and_restores_edited_checks(graded):
     with gradebook(graded) as gb:
-        assert gb.find_submission("03_allreduce", "solved").score == 2
-        assert gb.find_submission("03_allreduce", "edited").score == 0  # its checks were put back, and failed
-    nb = nbformat.read(graded / "autograded" / "edited" / "03_allreduce" / "03_allreduce.ipynb", as_version=4)
+        assert gb.find_submission(EXERCISES, "solved").score == 2
+        assert gb.find_submission(EXERCISES, "edited").score == 0  # its checks were put back, and failed
+    nb = nbformat.read(graded / "autograded" / "edited" / EXERCISES / f"{EXERCISES}.ipynb", as_version=4)
     assert all("assert feedback.correct" in c.source for c in nb.cells if is_grade(c))
+
+
+def test_grading_without_running_reads_the_stored_outputs(graded):
+    with gradebook(graded) as gb:
+        assert gb.find_submission("03_allreduce", "stored-error").score == 1  # of 2: the check with an error
