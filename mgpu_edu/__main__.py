@@ -2,6 +2,6 @@
 
 import sys
 
-from mgpu_edu.cli import main
+from mgpu_edu.course.cli import main
 
 sys.exit(main())

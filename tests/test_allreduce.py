@@ -184,7 +184,7 @@ def test_oracle_keras_packs_under_multi_worker_strategy_with_communication_optio
 
 @pytest.mark.widgets
 def test_stepper_widget_builds_and_steps():
-    from mgpu_edu.widgets import AllReduceStepper
+    from mgpu_edu.display.widgets import AllReduceStepper
 
     stepper = AllReduceStepper(n=5, algorithm="ring")
     assert stepper.step.max == 8 and stepper.play.max == 8

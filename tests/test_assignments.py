@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu_edu import assignments, course
+from mgpu_edu import assignments, course, markers
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
 FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
@@ -16,29 +16,29 @@ FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
 
 def test_solution_stubs_keep_indentation_and_markdown_answers():
     source = "if True:\n    ### BEGIN SOLUTION\n    a, (b, *c) = 1, (2, 3)\n    ### END SOLUTION\n    print(a)"
-    assert assignments.strip_solutions(source) == (
+    assert markers.strip_solutions(source) == (
         "if True:\n    # YOUR CODE HERE: replace ... with your answer.\n    a = ...\n    b = ...\n    c = ...\n"
         "    print(a)")
     text = "Why?\n### BEGIN SOLUTION\nBecause.\n### END SOLUTION"
-    assert assignments.strip_solutions(text, markdown=True) == "Why?\nYOUR ANSWER HERE"
-    assert assignments.solution_stub("print('no names')") == "# YOUR CODE HERE"
-    with pytest.raises(assignments.SolutionMarkerError, match="line 2.*without"):
-        assignments.strip_solutions("x\n### END SOLUTION")
-    with pytest.raises(assignments.SolutionMarkerError, match="again before"):
-        assignments.strip_solutions("### BEGIN SOLUTION\n### BEGIN SOLUTION")
-    with pytest.raises(assignments.SolutionMarkerError, match="not valid Python"):
-        assignments.strip_solutions("### BEGIN SOLUTION\nx = (\n### END SOLUTION")
+    assert markers.strip_solutions(text, markdown=True) == "Why?\nYOUR ANSWER HERE"
+    assert markers.solution_stub("print('no names')") == "# YOUR CODE HERE"
+    with pytest.raises(markers.SolutionMarkerError, match="line 2.*without"):
+        markers.strip_solutions("x\n### END SOLUTION")
+    with pytest.raises(markers.SolutionMarkerError, match="again before"):
+        markers.strip_solutions("### BEGIN SOLUTION\n### BEGIN SOLUTION")
+    with pytest.raises(markers.SolutionMarkerError, match="not valid Python"):
+        markers.strip_solutions("### BEGIN SOLUTION\nx = (\n### END SOLUTION")
 
 
 def test_markers_are_found_where_nbgrader_finds_them():
     # nbgrader's ClearSolutions and ClearHiddenTests match any line that *contains* the words, so a
     # mention in prose opens a region too; the course does the same, so both agree on every notebook
-    assert assignments.strip_solutions("a\nsee BEGIN SOLUTION here\nb\nEND SOLUTION.\nc", markdown=True) == \
+    assert markers.strip_solutions("a\nsee BEGIN SOLUTION here\nb\nEND SOLUTION.\nc", markdown=True) == \
         "a\nYOUR ANSWER HERE\nc"
     grade = "f = check.x(answer)\n### BEGIN HIDDEN TESTS\nassert f.correct, f\n### END HIDDEN TESTS\nprint(1)"
-    assert assignments.strip_hidden_tests(grade) == "f = check.x(answer)\nprint(1)"
-    with pytest.raises(assignments.SolutionMarkerError, match="BEGIN HIDDEN TESTS.*never closed"):
-        assignments.strip_hidden_tests("### BEGIN HIDDEN TESTS\nassert False")
+    assert markers.strip_hidden_tests(grade) == "f = check.x(answer)\nprint(1)"
+    with pytest.raises(markers.SolutionMarkerError, match="BEGIN HIDDEN TESTS.*never closed"):
+        markers.strip_hidden_tests("### BEGIN HIDDEN TESTS\nassert False")
 
 
 def exercises(nb) -> list[tuple[int, int, int]]:
@@ -64,18 +64,18 @@ def test_every_exercise_is_an_nbgrader_prompt_answer_and_check(file):
                                        "schema_version": 3, "solution": True, "task": False}
         assert g.metadata.nbgrader == {"grade": True, "grade_id": f"ex{n}_check", "locked": True, "points": 1,
                                        "schema_version": 3, "solution": False, "task": False}
-        assert a.source.startswith(assignments.BEGIN) and a.source.endswith(assignments.END)
+        assert a.source.startswith(markers.BEGIN) and a.source.endswith(markers.END)
         # the check: nbval compares its stored output with a fresh run, and nbgrader's hidden assert fails
         # unless the check said "correct"
-        assert g.source.startswith(assignments.CHECK_MARKER + "\n") and assignments._CHECK_CALL.search(g.source)
-        assert g.source.endswith(f"\n{assignments.HIDDEN_BEGIN}\nassert feedback.correct, feedback\n"
-                                 f"{assignments.HIDDEN_END}")
+        assert g.source.startswith(markers.CHECK_MARKER + "\n") and assignments._CHECK_CALL.search(g.source)
+        assert g.source.endswith(f"\n{markers.HIDDEN_BEGIN}\nassert feedback.correct, feedback\n"
+                                 f"{markers.HIDDEN_END}")
     # no marker words anywhere else: nbgrader would take them for markers
     for i, cell in enumerate(nb.cells):
         if i not in {a for _, a, _ in found}:
-            assert not assignments.has_region(cell.source, "solution"), i
+            assert not markers.has_region(cell.source, "solution"), i
         if i not in {g for _, _, g in found}:
-            assert not assignments.has_region(cell.source, "hidden tests"), i
+            assert not markers.has_region(cell.source, "hidden tests"), i
         # nbgrader's other markers would change cells too
         assert not any(word in cell.source for word in ("MARK SCHEME", "AUTOTEST")), i
 
@@ -105,9 +105,9 @@ def test_student_version_follows_nbgrader_cell_by_cell_kind():
     ])
     student = assignments.student_version(nb)
     assert [c.source for c in student.cells] == [
-        "**Task.**", assignments.STUB_COMMENT, "ok = check.x(answer)", assignments.MARKDOWN_STUB, "x = 1"]
+        "**Task.**", markers.STUB_COMMENT, "ok = check.x(answer)", markers.MARKDOWN_STUB, "x = 1"]
     locks = [(c.metadata.get("editable"), c.metadata.get("deletable")) for c in student.cells]
     assert locks == [(False, False), (None, False), (False, False), (None, False), (None, None)]
     nb.cells.append(cell("code", "y = 2\n### END SOLUTION"))  # nbgrader would drop the line without a word
-    with pytest.raises(assignments.SolutionMarkerError, match="cell 5, line 2.*without"):
+    with pytest.raises(markers.SolutionMarkerError, match="cell 5, line 2.*without"):
         assignments.student_version(nb)

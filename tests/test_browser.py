@@ -361,7 +361,7 @@ def test_widget_notebook_keeps_the_cells_a_widget_needs(tmp_path):
 
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell('import sys\nif "google.colab" in sys.modules:\n    %pip install x'),
-        nbformat.v4.new_code_cell("from mgpu_edu.widgets import Stepper\nn = 4"),
+        nbformat.v4.new_code_cell("from toys import Stepper\nn = 4"),
         nbformat.v4.new_markdown_cell("Some text."),
         nbformat.v4.new_code_cell("unrelated = 1\nassert unrelated"),
         nbformat.v4.new_code_cell("def size(k):\n    return k * n"),
@@ -371,7 +371,7 @@ def test_widget_notebook_keeps_the_cells_a_widget_needs(tmp_path):
     ])
     nbformat.write(nb, tmp_path / "lesson.ipynb")
     kept = [cell.source.splitlines()[0] for cell in widget_notebook(tmp_path / "lesson.ipynb", "Stepper").cells]
-    assert kept == ["from mgpu_edu.widgets import Stepper", "def size(k):", "m = size(2)", "stepper = Stepper(n=m)"]
+    assert kept == ["from toys import Stepper", "def size(k):", "m = size(2)", "stepper = Stepper(n=m)"]
     nb.cells[5].source = "m = size(2) + missing"
     nbformat.write(nb, tmp_path / "lesson.ipynb")
     with pytest.raises(AssertionError, match=r"assigns \['missing'\]"):

@@ -19,7 +19,7 @@ def test_cross_device_bytes():
 
 
 def _bounds(b, n):
-    from mgpu_edu.parallel import shard_sizes
+    from mgpu_edu.parallelism.parallel import shard_sizes
 
     out, start = [], 0
     for size in shard_sizes(b, n):
@@ -50,7 +50,7 @@ def test_shard_bounds_cut_the_pieces_tf_split_cuts(four_devices):  # the fixture
     """What the check calls right is what TensorFlow does: x[start:stop] for each pair are tf.split's pieces."""
     import tensorflow as tf
 
-    from mgpu_edu.parallel import shard_sizes
+    from mgpu_edu.parallelism.parallel import shard_sizes
 
     for b, n in [(10, 4), (30, 4), (3, 4), (17, 5), (0, 3)]:
         x = tf.range(b)

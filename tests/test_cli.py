@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu_edu import assignments, course
+from mgpu_edu import assignments, course, markers
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
@@ -150,12 +150,12 @@ def test_student_versions_strip_solutions_clear_outputs_and_keep_checks(tmp_path
         student = tmp_path / "student" / lesson.file
         nb = nbformat.read(student, as_version=4)
         code = code_of(student)
-        assert assignments.BEGIN not in code and assignments.END not in code
-        assert assignments.CHECK_MARKER not in code
+        assert markers.BEGIN not in code and markers.END not in code
+        assert markers.CHECK_MARKER not in code
         assert code.count("# YOUR CODE HERE") == len(lesson.checks)
         assert tuple(assignments._CHECK_CALL.findall(code)) == lesson.checks
         assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
-        assert nb.metadata[assignments.STUDENT_FLAG] is True and "widgets" not in nb.metadata
+        assert nb.metadata[markers.STUDENT_FLAG] is True and "widgets" not in nb.metadata
         badges = next(c.source for c in nb.cells if c.metadata.get(course.CELL_ROLE) == "badges")
         assert badges.count(f"/{course.STUDENT}/{lesson.file}") == 2 and "/lessons/" not in badges  # no way to answers
         nbformat.validate(nb)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from mgpu_edu import costmodel
-from mgpu_edu.costmodel import speedup, step_time
+from mgpu_edu.analysis.costmodel import speedup, step_time
 
 BASE = {"params": 25.6e6, "flops_per_example": 24.6e9, "batch_per_replica": 64, "device_tflops": 8.1,
         "link_gbytes_per_s": 12.0}
@@ -68,7 +68,7 @@ def test_bad_values(change, match):
 
 @pytest.mark.widgets
 def test_widgets_draw():
-    from mgpu_edu.widgets import PipelineExplorer, ScalingSimulator
+    from mgpu_edu.display.widgets import PipelineExplorer, ScalingSimulator
 
     simulator = ScalingSimulator()
     assert "16 replicas" in simulator.info.value and simulator.image.value[:4] == b"\x89PNG"

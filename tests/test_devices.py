@@ -7,7 +7,7 @@ import pytest
 
 from conftest import run_fresh
 from mgpu_edu import devices
-from mgpu_edu.devices import DeviceSetupError, default_memory_limit_mb, setup_devices
+from mgpu_edu.runtime.devices import DeviceSetupError, default_memory_limit_mb, setup_devices
 
 # ---------------------------------------------------------------- bad inputs (no TF needed)
 

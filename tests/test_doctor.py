@@ -7,7 +7,7 @@ import types
 import pytest
 
 from mgpu_edu import doctor
-from mgpu_edu.env import Environment, GpuInfo
+from mgpu_edu.runtime.env import Environment, GpuInfo
 
 T4 = (GpuInfo(0, "Tesla T4", 15360),)
 

@@ -145,7 +145,7 @@ def test_bad_inputs_are_named(call, message):
 
 @pytest.mark.widgets
 def test_memory_calculator_widget(four_devices):
-    from mgpu_edu.widgets import MemoryCalculator
+    from mgpu_edu.display.widgets import MemoryCalculator
 
     model = models.mlp(64, 10, hidden=(64,))
     calculator = MemoryCalculator(course_model=model, devices=4, micro_batch=32)

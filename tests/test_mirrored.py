@@ -303,7 +303,7 @@ def test_train_mirrored_times_only_the_steps(four_devices):
 
 @pytest.mark.widgets
 def test_explorer_live_part_and_invalid_choice():
-    from mgpu_edu.widgets import ReplicaBatchExplorer
+    from mgpu_edu.display.widgets import ReplicaBatchExplorer
 
     explorer = ReplicaBatchExplorer(None, _small_split(), devices=[f"/device:CPU:{i}" for i in range(4)],
                                     background=False)
@@ -334,7 +334,7 @@ def test_explorer_live_part_and_invalid_choice():
 
 @pytest.mark.widgets
 def test_explorer_trains_adds_rows_and_ignores_second_click(four_devices):
-    from mgpu_edu.widgets import ReplicaBatchExplorer
+    from mgpu_edu.display.widgets import ReplicaBatchExplorer
 
     explorer = ReplicaBatchExplorer(lambda: models.small_cnn((8, 8, 1), 10), _small_split(), devices=four_devices,
                                     epochs=1)

@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from mgpu_edu import assignments, course
+from mgpu_edu import assignments, course, markers
 
 # nbgrader and nbconvert come with the dev extra, not with a learner's or Colab's install: they are
 # imported when these tests run (and fail them if missing), not when pytest collects this file, so
@@ -43,13 +43,13 @@ pytestmark = pytest.mark.lessons
 
 
 def is_solution(cell) -> bool:
-    from mgpu_edu.preprocessors import is_solution
+    from mgpu_edu.course.preprocessors import is_solution
 
     return is_solution(cell)
 
 
 def is_grade(cell) -> bool:
-    from mgpu_edu.preprocessors import is_grade
+    from mgpu_edu.course.preprocessors import is_grade
 
     return is_grade(cell)
 
@@ -166,8 +166,8 @@ def test_generate_assignment_writes_what_mgpu_edu_student_writes(released, file)
     assert ours.metadata == theirs.metadata
     # and it is a student version: stubs instead of solutions, no hidden asserts, checks locked
     code = "\n".join(c.source for c in theirs.cells if c.cell_type == "code")
-    assert assignments.BEGIN not in code and "assert feedback.correct" not in code
-    assert code.count(assignments.STUB_COMMENT) == len(course.load(LESSONS).lesson(file).checks)
+    assert markers.BEGIN not in code and "assert feedback.correct" not in code
+    assert code.count(markers.STUB_COMMENT) == len(course.load(LESSONS).lesson(file).checks)
     checks = [c for c in theirs.cells if is_grade(c)]
     assert checks and all(c.metadata.editable is False and c.metadata.deletable is False for c in checks)
 

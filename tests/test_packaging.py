@@ -51,7 +51,7 @@ def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_noth
     shipped = [n for n in shipped if ".dist-info/" not in n]
     assert shipped == sorted([f"mgpu_edu/lessons/{lesson.file}" for lesson in course.load(ROOT / "lessons").lessons]
                              + ["mgpu_edu/lessons/course.toml", "mgpu_edu/examples/multi_worker_train.py",
-                                "mgpu_edu/examples/parameter_server.py", "mgpu_edu/datasets/README.md",
-                                f"mgpu_edu/datasets/{data.DIGITS_PATH.name}"])
+                                "mgpu_edu/examples/parameter_server.py", "mgpu_edu/workloads/datasets/README.md",
+                                f"mgpu_edu/workloads/datasets/{data.DIGITS_PATH.name}"])
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "mgpu-edu = mgpu_edu.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "mgpu-edu = mgpu_edu.course.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

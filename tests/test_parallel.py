@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mgpu_edu import models, parallel
-from mgpu_edu.parallel import shard_sizes, split_batch
+from mgpu_edu.parallelism.parallel import shard_sizes, split_batch
 
 
 @pytest.mark.parametrize(("batch", "n"), [(10, 4), (8, 4), (3, 4), (0, 3), (1, 1), (17, 5), (64, 64)])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mgpu_edu import models, pipeline
-from mgpu_edu.pipeline import (
+from mgpu_edu.parallelism.pipeline import (
     bubble_fraction,
     gpipe_schedule,
     idle_fraction,

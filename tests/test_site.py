@@ -30,7 +30,7 @@ import nbformat
 import pytest
 
 from mgpu_edu import course
-from mgpu_edu.preprocessors import is_grade, is_solution
+from mgpu_edu.course.preprocessors import is_grade, is_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "docs" / "site"

@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from mgpu_edu import course  # noqa: E402 - this checkout's package
-from mgpu_edu.assignments import student_version  # noqa: E402
-from mgpu_edu.preprocessors import is_grade, is_solution  # noqa: E402
+from mgpu_edu.course.assignments import student_version  # noqa: E402
+from mgpu_edu.course.preprocessors import is_grade, is_solution  # noqa: E402
 
 # Pages besides the lessons (repository paths), listed in this order under their own caption
 GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "docs/style.md", "benchmarks/results.md",
@@ -216,7 +216,7 @@ def main() -> int:
     if args.edition == "learner":  # its buttons open student/: it must be what the lessons make now
         import tempfile
 
-        from mgpu_edu.assignments import refresh_student_folder
+        from mgpu_edu.course.assignments import refresh_student_folder
 
         with tempfile.TemporaryDirectory() as scratch:
             shutil.copytree(ROOT / course.STUDENT, Path(scratch) / course.STUDENT)

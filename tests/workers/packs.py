@@ -7,7 +7,7 @@ import gc
 import json
 import sys
 
-atexit.register(gc.freeze)  # a faster exit: see mgpu_edu/processes.py
+atexit.register(gc.freeze)  # a faster exit: see mgpu_edu/runtime/processes.py
 
 from mgpu_edu import allreduce, models, quiet  # noqa: E402
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument
+from mgpu_edu.runtime import quiet
 
 
 def mlp(inputs: int = 64, classes: int = 10, hidden: Sequence[int] = (64,), seed: int = 0, l2: float = 0.0) -> Any:

@@ -17,7 +17,8 @@ from typing import Any
 from nbconvert.preprocessors import ClearOutputPreprocessor, Preprocessor
 from traitlets import Bool
 
-from mgpu_edu.assignments import (
+from mgpu_edu.course.manifest import CELL_ROLE, student_badges
+from mgpu_edu.course.markers import (
     CHECK_MARKER,
     MARKDOWN_STUB,
     STUB_COMMENT,
@@ -28,7 +29,6 @@ from mgpu_edu.assignments import (
     strip_hidden_tests,
     strip_solutions,
 )
-from mgpu_edu.course import CELL_ROLE, student_badges
 
 
 def _nbgrader(cell: Any, key: str) -> bool:

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mgpu_edu import devices as _devices
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, one_of, real_number, whole_number
 from mgpu_edu._validate import whole_number as _positive
-from mgpu_edu.strategies import make_strategy
+from mgpu_edu.runtime import devices as _devices
+from mgpu_edu.runtime import quiet
+from mgpu_edu.runtime.strategies import make_strategy
 
 MODES = ("per_replica", "global")
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from mgpu_edu import allreduce, costmodel, memory, mirrored, pipeline, quiet, viz
-from mgpu_edu import devices as _devices
 from mgpu_edu._validate import one_of, real_number, whole_number
+from mgpu_edu.analysis import costmodel, memory
+from mgpu_edu.display import viz
+from mgpu_edu.parallelism import allreduce, mirrored, pipeline
+from mgpu_edu.runtime import devices as _devices
+from mgpu_edu.runtime import quiet
 
 
 class _Displayed:

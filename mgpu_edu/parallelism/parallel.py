@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, one_of, whole_number
+from mgpu_edu.runtime import quiet
 
 
 def _device_list(devices: Sequence[str]) -> list[str]:

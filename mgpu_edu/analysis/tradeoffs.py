@@ -20,9 +20,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, one_of, whole_number
-from mgpu_edu.memory import layer_activations
+from mgpu_edu.analysis.memory import layer_activations
+from mgpu_edu.runtime import quiet
 
 #: How :func:`accumulated_gradients` divides the summed gradients.
 DIVIDE_BY = ("examples", "micro_batches")

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import real_number, whole_number
+from mgpu_edu.runtime import quiet
 
 
 def slow_pipeline(x: Any, y: Any, batch: int, delay_s: float = 0.01, decoded: list[int] | None = None) -> Any:

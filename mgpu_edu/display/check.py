@@ -12,13 +12,13 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from mgpu_edu.devices import default_memory_limit_mb
-from mgpu_edu.memory import USABLE_FRACTION, ZERO_STAGES, model_states
-from mgpu_edu.mirrored import fit_example_weights, replica_shares
-from mgpu_edu.parallel import shard_sizes
-from mgpu_edu.pipeline import bubble_fraction, micro_batches_for_bubble
-from mgpu_edu.recovery import checkpoint_interval as _young
-from mgpu_edu.recovery import last_checkpoint
+from mgpu_edu.analysis.memory import USABLE_FRACTION, ZERO_STAGES, model_states
+from mgpu_edu.analysis.recovery import checkpoint_interval as _young
+from mgpu_edu.analysis.recovery import last_checkpoint
+from mgpu_edu.parallelism.mirrored import fit_example_weights, replica_shares
+from mgpu_edu.parallelism.parallel import shard_sizes
+from mgpu_edu.parallelism.pipeline import bubble_fraction, micro_batches_for_bubble
+from mgpu_edu.runtime.devices import default_memory_limit_mb
 
 _ICONS = {"correct": "✅ Correct", "wrong": "❌ Not yet right", "unsolved": "⏳ Not solved yet"}
 

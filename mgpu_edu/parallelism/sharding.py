@@ -29,10 +29,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, real_number, whole_number
-from mgpu_edu.allreduce import ring_all_gather, ring_allreduce, ring_reduce_scatter
-from mgpu_edu.parallel import shard_sizes, split_batch
+from mgpu_edu.parallelism.allreduce import ring_all_gather, ring_allreduce, ring_reduce_scatter
+from mgpu_edu.parallelism.parallel import shard_sizes, split_batch
+from mgpu_edu.runtime import quiet
 
 STAGES = (0, 1, 2, 3)
 

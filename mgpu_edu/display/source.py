@@ -31,7 +31,7 @@ def show_source(obj: Any) -> Source:
     """Return obj's source for display: the code a lesson is about to run.
 
     Example:
-        >>> from mgpu_edu.devices import default_memory_limit_mb
+        >>> from mgpu_edu.runtime.devices import default_memory_limit_mb
         >>> print(repr(show_source(default_memory_limit_mb)).splitlines()[0])
         def default_memory_limit_mb(total_mb: int, n: int) -> int:
     """

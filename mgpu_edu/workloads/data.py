@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, whole_number
+from mgpu_edu.runtime import quiet
 
 
 class Split(NamedTuple):
@@ -30,7 +30,7 @@ class Split(NamedTuple):
 # (sklearn/datasets/data/digits.csv.gz): 1,797 rows of 64 pixel counts (0-16) and the label.
 # Shipped here so the lessons need no scikit-learn: importing it (TensorFlow's Keras imports it
 # whenever it is installed) costs every TensorFlow process about 1.8 s and 57 MB. Its provenance
-# and licence: mgpu_edu/datasets/README.md.
+# and licence: mgpu_edu/workloads/datasets/README.md.
 DIGITS_PATH = Path(__file__).with_name("datasets") / "digits.csv.gz"
 DIGITS_SHA256 = "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"
 

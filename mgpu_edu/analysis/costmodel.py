@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from mgpu_edu._validate import one_of, positive_number, real_number, whole_number
-from mgpu_edu.allreduce import ALGORITHMS, alpha_beta_time
+from mgpu_edu.parallelism.allreduce import ALGORITHMS, alpha_beta_time
 
 #: Datasheet **peak** dense throughput, TFLOP/s: plain fp32; "tf32", the tensor-core format TensorFlow
 #: uses for float32 matrix products by default on A100 and H100 (a T4 has none); and 16-bit on tensor

@@ -10,10 +10,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from mgpu_edu import __version__, course
-from mgpu_edu.assignments import ExerciseResult, grade, without_exercises, write_nbgrader_course, write_student_versions
-from mgpu_edu.course import MANIFEST, shipped_folder
-from mgpu_edu.doctor import report
+from mgpu_edu import __version__
+from mgpu_edu.course import manifest as course
+from mgpu_edu.course.assignments import (
+    ExerciseResult,
+    grade,
+    without_exercises,
+    write_nbgrader_course,
+    write_student_versions,
+)
+from mgpu_edu.course.doctor import report
+from mgpu_edu.course.manifest import MANIFEST, shipped_folder
 
 EXAMPLES = """\
 examples:
@@ -110,7 +117,7 @@ def _badges(args: argparse.Namespace) -> int:
     if folder == "lessons" and manifest.is_file() and (student / course.MANIFEST).is_file():
         # the course's student versions are generated from lessons/: regenerate them, pointing at the fork too
         _require("badges", "nbformat", "nbconvert")
-        from mgpu_edu.assignments import refresh_student_folder
+        from mgpu_edu.course.assignments import refresh_student_folder
 
         changed += refresh_student_folder(lessons, student)
     elif folder == course.STUDENT and root is not None and (root / "lessons" / course.MANIFEST).is_file():

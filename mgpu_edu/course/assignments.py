@@ -22,182 +22,19 @@ Nothing here imports TensorFlow; grading runs notebooks in their own kernels.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import re
 import sys
 import tempfile
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mgpu_edu.course import MANIFEST, STUDENT
-
-BEGIN = "### BEGIN SOLUTION"
-END = "### END SOLUTION"
-HIDDEN_BEGIN = "### BEGIN HIDDEN TESTS"
-HIDDEN_END = "### END HIDDEN TESTS"
-#: What nbgrader looks for in a line (ClearSolutions' and ClearHiddenTests' default delimiters).
-_DELIMITERS = {"solution": ("BEGIN SOLUTION", "END SOLUTION"),
-               "hidden tests": ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")}
-#: The line that tells nbval to compare a cell's output; student versions drop it.
-CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
-STUB_COMMENT = "# YOUR CODE HERE"
-MARKDOWN_STUB = "YOUR ANSWER HERE"
-#: Notebook metadata flag written into every student version.
-STUDENT_FLAG = "mgpu_edu_student"
+from mgpu_edu.course.manifest import MANIFEST, STUDENT
+from mgpu_edu.course.markers import has_region
 
 _CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
 _STATUS = {"✅ Correct": "correct", "❌ Not yet right": "wrong", "⏳ Not solved yet": "unsolved"}
-
-
-class SolutionMarkerError(ValueError):
-    """A notebook's solution markers don't pair up, or a solution isn't valid Python."""
-
-
-def _defined_names(tree: ast.Module) -> list[ast.AST | str]:
-    """Functions (as nodes) and other names (as strings) a solution defines, in order, once each."""
-    found: list[ast.AST | str] = []
-    seen: set[str] = set()
-
-    def add(item: ast.AST | str, name: str) -> None:
-        if name not in seen:
-            seen.add(name)
-            found.append(item)
-
-    def targets(node: ast.AST) -> None:
-        if isinstance(node, ast.Name):
-            add(node.id, node.id)
-        elif isinstance(node, (ast.Tuple, ast.List)):
-            for element in node.elts:
-                targets(element)
-        elif isinstance(node, ast.Starred):
-            targets(node.value)
-
-    def visit(statements: list[ast.stmt]) -> None:
-        for node in statements:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                add(node, node.name)
-            elif isinstance(node, ast.ClassDef):
-                add(node.name, node.name)
-            elif isinstance(node, ast.Assign):
-                for target in node.targets:
-                    targets(target)
-            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-                targets(node.target)
-            for field in ("body", "orelse", "finalbody"):
-                if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    visit(getattr(node, field, []) or [])
-            for handler in getattr(node, "handlers", []) or []:
-                visit(handler.body)
-
-    visit(tree.body)
-    return found
-
-
-def solution_stub(solution: str) -> str:
-    """The runnable stub that replaces one solution region (without indentation).
-
-    Example:
-        >>> print(solution_stub("answer = 2 * (8 - 1)"))
-        # YOUR CODE HERE: replace ... with your answer.
-        answer = ...
-        >>> print(solution_stub("def combine(sums, counts):\\n    return sum(sums) / sum(counts)"))
-        # YOUR CODE HERE: replace ... with your answer.
-        def combine(sums, counts):
-            return ...
-    """
-    tree = ast.parse(textwrap.dedent(solution))
-    lines = [f"{STUB_COMMENT}: replace ... with your answer."]
-    for item in _defined_names(tree):
-        if isinstance(item, str):
-            lines.append(f"{item} = ...")
-        else:
-            keyword = "async def" if isinstance(item, ast.AsyncFunctionDef) else "def"
-            lines += [f"{keyword} {item.name}({ast.unparse(item.args)}):", "    return ..."]
-    if len(lines) == 1:
-        lines[0] = STUB_COMMENT
-    return "\n".join(lines)
-
-
-def _regions(source: str, kind: str, where: str) -> list[tuple[str, list[str] | None]]:
-    """Split a cell's source into lines outside regions, (line, None), and regions, (indent, lines).
-
-    A region starts at a line containing nbgrader's "BEGIN SOLUTION" (or "BEGIN HIDDEN TESTS") and
-    ends at one containing "END …"; both marker lines go. Raises SolutionMarkerError, naming
-    ``where`` and the line, when the markers don't pair up.
-    """
-    begin, end = _DELIMITERS[kind]
-    parts: list[tuple[str, list[str] | None]] = []
-    region: list[str] | None = None
-    for number, line in enumerate(source.split("\n"), start=1):
-        if begin in line:
-            if region is not None:
-                raise SolutionMarkerError(f"{where}, line {number}: {begin!r} again before {end!r}. "
-                                          f"Close each {kind} region before opening the next.")
-            region = []
-            parts.append((line[: len(line) - len(line.lstrip())], region))
-        elif end in line:
-            if region is None:
-                raise SolutionMarkerError(f"{where}, line {number}: {end!r} without a {begin!r} before it.")
-            region = None
-        elif region is not None:
-            region.append(line)
-        else:
-            parts.append((line, None))
-    if region is not None:
-        raise SolutionMarkerError(f"{where}: {begin!r} is never closed. Add '### {end}' after the {kind}.")
-    return parts
-
-
-def has_region(source: str, kind: str = "solution") -> bool:
-    """Does source contain nbgrader's begin or end marker for kind ("solution" or "hidden tests")?
-
-    (A lone end marker counts, so that it is reported, where nbgrader would silently drop its line.)
-    """
-    return any(marker in source for marker in _DELIMITERS[kind])
-
-
-def strip_solutions(source: str, where: str = "cell", markdown: bool = False) -> str:
-    """Replace every ``### BEGIN SOLUTION`` … ``### END SOLUTION`` region of a cell's source.
-
-    Code regions become :func:`solution_stub`, indented like the BEGIN line; markdown regions
-    become "YOUR ANSWER HERE". Raises SolutionMarkerError, naming ``where``, if the markers
-    don't pair up or a code solution isn't valid Python.
-
-    Example:
-        >>> print(strip_solutions("x = 1\\n### BEGIN SOLUTION\\nanswer = 42\\n### END SOLUTION\\nprint(answer)"))
-        x = 1
-        # YOUR CODE HERE: replace ... with your answer.
-        answer = ...
-        print(answer)
-    """
-    out: list[str] = []
-    for text, region in _regions(source, "solution", where):
-        if region is None:
-            out.append(text)
-            continue
-        if markdown:
-            stub = MARKDOWN_STUB
-        else:
-            try:
-                stub = solution_stub("\n".join(region))
-            except SyntaxError as error:
-                raise SolutionMarkerError(f"{where}: a solution is not valid Python ({error.msg}). "
-                                          "Fix it in the instructor version.") from None
-        out += [text + stub_line if stub_line else "" for stub_line in stub.splitlines()]
-    return "\n".join(out)
-
-
-def strip_hidden_tests(source: str, where: str = "cell") -> str:
-    """Drop every ``### BEGIN HIDDEN TESTS`` … ``### END HIDDEN TESTS`` region, as nbgrader does.
-
-    Example:
-        >>> print(strip_hidden_tests("f = check.x(a)\\n### BEGIN HIDDEN TESTS\\nassert f\\n### END HIDDEN TESTS"))
-        f = check.x(a)
-    """
-    return "\n".join(text for text, region in _regions(source, "hidden tests", where) if region is None)
 
 
 def student_version(nb: Any, name: str = "notebook") -> Any:
@@ -208,7 +45,7 @@ def student_version(nb: Any, name: str = "notebook") -> Any:
     """
     import copy
 
-    from mgpu_edu.preprocessors import student_preprocessors
+    from mgpu_edu.course.preprocessors import student_preprocessors
 
     nb = copy.deepcopy(nb)
     resources: dict[str, Any] = {"name": name}
@@ -309,7 +146,7 @@ def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) 
     """
     import nbformat
 
-    from mgpu_edu import course
+    from mgpu_edu.course import manifest as course
 
     lessons, student = Path(lessons), Path(student)
     known = course.load(lessons)
@@ -335,13 +172,13 @@ def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) 
 
 NBGRADER_CONFIG = """\
 # nbgrader configuration for the mgpu_edu lessons, written by `mgpu-edu nbgrader`.
-from mgpu_edu.preprocessors import generate_assignment_preprocessors
+from mgpu_edu import preprocessors
 
 c = get_config()  # noqa: F821 (nbgrader provides it)
 c.CourseDirectory.course_id = {course_id!r}
 # Solutions become stubs that still run, as `mgpu-edu student` makes them, instead of nbgrader's
 # `raise NotImplementedError()`, which would stop a student's notebook at the first exercise.
-c.GenerateAssignment.preprocessors = generate_assignment_preprocessors()
+c.GenerateAssignment.preprocessors = preprocessors.generate_assignment_preprocessors()
 c.ClearSolutions.enforce_metadata = True
 # The lessons train models: give a cell up to 10 minutes (nbgrader's default is 30 seconds).
 c.Execute.timeout = 600

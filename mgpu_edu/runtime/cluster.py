@@ -250,7 +250,7 @@ class LocalCluster:
             for i in range(self.workers)]}
         spec_path = self.log_dir / "spec.json"
         spec_path.write_text(json.dumps(spec))
-        package = str(Path(__file__).resolve().parents[1])
+        package = str(Path(__file__).resolve().parents[2])  # the folder that holds mgpu_edu/
         code = f"import sys; sys.path.insert(0, {package!r}); from mgpu_edu import cluster; " \
                f"cluster._launch_isolated({str(spec_path)!r})"
         with (self.log_dir / "launcher.log").open("w") as log:

@@ -23,10 +23,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, one_of, whole_number
-from mgpu_edu.parallel import shard_sizes
-from mgpu_edu.strategies import make_strategy
+from mgpu_edu.parallelism.parallel import shard_sizes
+from mgpu_edu.runtime import quiet
+from mgpu_edu.runtime.strategies import make_strategy
 
 ALGORITHMS = ("ring", "reduce_to_one", "tree")
 

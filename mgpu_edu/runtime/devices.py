@@ -18,9 +18,9 @@ import html
 from collections.abc import Iterator
 from typing import Any
 
-from mgpu_edu import env as _env
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, whole_number
+from mgpu_edu.runtime import env as _env
+from mgpu_edu.runtime import quiet
 
 #: The most logical devices setup_devices will make (enough for any lesson).
 MAX_DEVICES = 64

@@ -12,8 +12,10 @@ import importlib.metadata as metadata
 import re
 import sys
 
-from mgpu_edu import __version__, course, quiet
-from mgpu_edu import env as _env
+from mgpu_edu import __version__
+from mgpu_edu.course import manifest as course
+from mgpu_edu.runtime import env as _env
+from mgpu_edu.runtime import quiet
 
 #: Distributions that provide ``import tensorflow``, in the order we report them.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mgpu_edu import quiet
+from mgpu_edu.runtime import quiet
 
 #: Collective keys each new strategy skips ahead by (see make_strategy).
 _KEY_STRIDE = 10_000

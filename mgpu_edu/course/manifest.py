@@ -500,7 +500,7 @@ def shipped_folder(name: str) -> Path:
     A wheel carries it inside the package; a source checkout (or an editable install) keeps it
     beside the package. Raises FileNotFoundError, saying how to get it, when neither exists.
     """
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # mgpu_edu/, above this subpackage
     for candidate in (package / name, package.parent / name):
         if candidate.is_dir():
             return candidate
@@ -508,32 +508,3 @@ def shipped_folder(name: str) -> Path:
         f"this installation of mgpu_edu ({package}) has no {name!r} folder. Reinstall it from the "
         "course repository, as its README says: pip install 'mgpu-edu[cpu] @ git+https://github.com/OWNER/NAME'"
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mgpu_edu.course [ROOT]``: point the lessons, the README and student/ at the manifest."""
-    import argparse
-
-    from mgpu_edu.assignments import refresh_student_folder
-
-    parser = argparse.ArgumentParser(
-        prog="python -m mgpu_edu.course",
-        description="In the course repository ROOT (default: here), point every lesson's badges and Colab cell "
-        "and the README's links at lessons/course.toml's repo and ref, strip run metadata, and regenerate the "
-        "student versions in student/. Runs no lesson (make lessons executes them first). Only files that "
-        "change are written.")
-    parser.add_argument("root", nargs="?", default=".", metavar="ROOT", help="the repository's root (default: .)")
-    root = Path(parser.parse_args(argv).root)
-    if not (root / "lessons" / MANIFEST).is_file():
-        parser.error(f"{str(root)!r} has no lessons/{MANIFEST}: run this in the course repository's root, "
-                     "or give it: python -m mgpu_edu.course path/to/repository")
-    changed = configure(root / "lessons", readme=root / "README.md")
-    changed += refresh_student_folder(root / "lessons", root / STUDENT)
-    for path in changed:
-        print(f"updated {path}")
-    print(f"{len(changed)} file(s) updated" if changed else "everything already up to date")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

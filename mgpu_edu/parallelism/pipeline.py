@@ -22,11 +22,11 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from mgpu_edu import quiet
 from mgpu_edu._validate import BadArgument, one_of, real_number, whole_number
-from mgpu_edu.allreduce import ring_allreduce
-from mgpu_edu.memory import PRECISIONS, model_states
-from mgpu_edu.parallel import shard_sizes, split_batch
+from mgpu_edu.analysis.memory import PRECISIONS, model_states
+from mgpu_edu.parallelism.allreduce import ring_allreduce
+from mgpu_edu.parallelism.parallel import shard_sizes, split_batch
+from mgpu_edu.runtime import quiet
 
 
 class Stage(NamedTuple):

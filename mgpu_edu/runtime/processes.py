@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mgpu_edu import quiet
+from mgpu_edu.runtime import quiet
 
 # The child runs the code as its main program (line numbers and ``from __future__`` imports as
 # written) after one line of its own: at exit it freezes the garbage collector. A process that has
