@@ -9,7 +9,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab check test test-main test-busy test-colab test-binder test-py310 budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab check test test-main test-busy test-colab test-binder test-py310 setup-colab setup-binder setup-py310 run-colab run-binder run-py310 budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -33,9 +33,12 @@ lab: setup
 # environment that runs lessons (main, Colab-like, Binder-like) and its student version once (under
 # nbgrader); the test runs note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
+# The four environments are installed side by side first (pip waits on disk as much as on the cores), then
+# tested one after another.
 test:
 	rm -f $(EXECUTIONS)
-	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory test-main test-colab test-binder test-py310
+	$(MAKE) --no-print-directory -j4 setup setup-colab setup-binder setup-py310 chromium
+	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory test-main run-colab run-binder run-py310
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 
 # Main environment (current releases): lint, unit tests, every lesson under nbval, the student versions
@@ -64,12 +67,19 @@ test-busy: setup
 # Colab-like (Python 3.13, TF 2.20, Keras 3.13, ipywidgets 7.7.1: .ci/colab-constraints.txt),
 # Binder-like (binder/, with each lesson kernel's peak memory), and Python 3.10's unit tests;
 # each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-py310).
+# (setup-X installs one, run-X tests it: make test does all the installs first.)
 test-colab:
 	.ci/env-colab
 test-binder:
 	.ci/env-binder
 test-py310: chromium
 	CHROMIUM=$(CHROMIUM) .ci/env-py310
+setup-colab setup-binder setup-py310:
+	.ci/env-$(subst setup-,,$@) setup
+run-colab run-binder:
+	.ci/env-$(subst run-,,$@) run
+run-py310: chromium
+	CHROMIUM=$(CHROMIUM) .ci/env-py310 run
 
 # The course website, never executed, offline, warnings as errors (docs/site/build.py): the learner
 # edition into build/site/html (open its index.html; exercises unsolved, buttons open student/), or

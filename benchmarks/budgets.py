@@ -117,7 +117,7 @@ def run_suite(paths: list[Path], busy: bool = False, whole: bool = False) -> tup
     timing.parent.mkdir(parents=True, exist_ok=True)
     timing.unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "lesson_timing",
-               *([] if whole else ["-q", *(str(path.relative_to(ROOT)) for path in paths)])]
+               *(["--durations=15"] if whole else ["-q", *(str(path.relative_to(ROOT)) for path in paths)])]
     if busy:
         command = [sys.executable, str(ROOT / "benchmarks" / "bursty_load.py"), "--", *command]
     env = {**os.environ, "MGPU_EDU_TIMING_FILE": str(timing),

@@ -102,19 +102,14 @@ def test_budget_script_refuses_a_guide_without_markers():
 
 def _package_namespace() -> dict:
     """Every mgpu_edu module by its short name, and every public name they define (for lesson expressions)."""
-    import importlib
-    import pkgutil
-
     import mgpu_edu
 
-    namespace = {"mgpu_edu": mgpu_edu}
-    for info in pkgutil.iter_modules(mgpu_edu.__path__):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"mgpu_edu.{info.name}")
-        namespace[info.name] = module
-        namespace.update({k: v for k, v in vars(module).items() if not k.startswith("_") and callable(v)})
-    return namespace
+    namespace = {}
+    for name in mgpu_edu.MODULES:
+        namespace.update({k: v for k, v in vars(getattr(mgpu_edu, name)).items()
+                          if not k.startswith("_") and callable(v)})
+    # a module's short name wins over a function of the same name (check.staleness, the staleness module)
+    return {**namespace, **{name: getattr(mgpu_edu, name) for name in mgpu_edu.MODULES}, "mgpu_edu": mgpu_edu}
 
 
 def _show_source_outputs():

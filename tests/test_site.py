@@ -139,8 +139,8 @@ def test_links_to_files_that_are_not_pages_go_to_github_and_badges_are_local():
                      "[b](https://github.com/me/course/blob/v1.2.3/lessons/course.toml#L3) "
                      "[c](https://example.org/x) [d](#setup) ![e](badges/binder.svg) "
                      "[f](https://github.com/me/course/tree/v1.2.3/examples)")
-    assert build.rewrite("[g](../mgpu_edu/check.py)", "docs/instructors.md", staged, "me/course", "main") == \
-        "[g](https://github.com/me/course/blob/main/mgpu_edu/check.py)"
+    assert build.rewrite("[g](../mgpu_edu/display/check.py)", "docs/instructors.md", staged, "me/course", "main") == \
+        "[g](https://github.com/me/course/blob/main/mgpu_edu/display/check.py)"
     assert build.rewrite("![h](https://colab.research.google.com/assets/colab-badge.svg)", "lessons/00_devices.ipynb",
                          staged, "me/course", "main") == "![h](../badges/colab.svg)"
 
