@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # JupyterLab in Chromium: make test runs them, make check doesn't
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MGPU_EDU_CHROMIUM", "/usr/bin/chromium")
 #: Set MGPU_EDU_RESULTS_DIR to keep the measurements (browser.json) and a screenshot of the explorer.

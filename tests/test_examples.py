@@ -22,6 +22,8 @@ import pytest
 
 from mgpu_edu import cluster, course
 
+pytestmark = pytest.mark.slow  # clusters of TensorFlow processes: make test runs them, make check doesn't
+
 EXAMPLES = course.shipped_folder("examples")
 
 

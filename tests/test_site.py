@@ -32,6 +32,8 @@ import pytest
 from mgpu_edu import course
 from mgpu_edu.course.preprocessors import is_grade, is_solution
 
+pytestmark = pytest.mark.slow  # Sphinx builds and Chromium: make test runs them, make check doesn't
+
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "docs" / "site"
 COURSE = course.load(ROOT / "lessons")
