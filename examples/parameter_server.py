@@ -11,7 +11,9 @@ steps wait for that), then starts its work only once another step's update has l
 finishes after at least one step scheduled later, with a gradient at least one update stale, however
 busy the machine is.
 
-Prints one JSON line: the order steps were scheduled in, the order they finished in, each
+Prints one JSON line: the order steps were scheduled in, the order they finished in (the order the
+parameter server counted their updates: a counter beside the weights, incremented by each step right
+after its update, so the order holds however busy the machine is, unlike timestamps), each
 step's staleness (how many other updates reached the parameter server between the step reading
 the weights and applying its own update; it depends on which steps happened to overlap, and it is
 approximate: the weights and the update counter are two variables, updated one after the other,
@@ -180,12 +182,12 @@ def main() -> None:
                         busy += tf.matmul(tf.random.stateless_normal((768, 768), seed=tf.stack([index, k])),
                                           tf.random.stateless_normal((768, 768), seed=tf.stack([k, index])))
             loss = tf.reduce_mean((x @ current - x @ target) ** 2) + 0.0 * tf.reduce_sum(busy)
-        update = w.assign_sub(0.1 * tape.gradient(loss, w))
-        with tf.control_dependencies([update]):
-            finished = tf.timestamp()  # taken after this step's update, not before
-        with tf.control_dependencies([finished]):  # and before its count lets a waiting step 0 go on
+        gradient = tape.gradient(loss, w)
+        with tf.control_dependencies([busy]):  # the step's work is done before its update lands
+            update = w.assign_sub(0.1 * gradient)
+        with tf.control_dependencies([update]):  # counted after the update (a waiting step 0 then goes on)
             applied = version.assign_add(1)  # this step's update is number `applied`
-        return index, finished, loss, applied - 1 - seen  # other updates that landed in between
+        return index, applied, loss, applied - 1 - seen  # other updates that landed in between
 
     for warm_up in range(args.workers):  # every worker connects and builds the step first
         coordinator.schedule(step, args=(tf.constant(1001 + 4 * warm_up),))
@@ -207,7 +209,7 @@ def main() -> None:
         print(json.dumps({"scheduled": list(range(args.steps)), "error": error, "cluster": spec}), flush=True)
     else:
         fetched = [r.fetch() for r in results]
-        finished = [int(i) for i, _, _, _ in sorted(fetched, key=lambda r: float(r[1]))]
+        finished = [int(i) for i, _, _, _ in sorted(fetched, key=lambda r: int(r[1]))]  # by update number
         print(json.dumps({"scheduled": list(range(args.steps)), "finished": finished,
                           "staleness": [int(r[3]) for r in fetched], "updates": int(version.numpy()),
                           "warm_up_updates": warm_ups, "killed": args.kill, "final_loss": float(fetched[-1][2]),
