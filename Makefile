@@ -1,5 +1,5 @@
 # Two commands for a fresh clone (see README):  make lab   and   make test
-# (make test-main is the quick loop: the main environment only.)
+# (make check is the everyday loop: lint, the unit tests that run no lesson, and the lessons you changed.)
 # Everything installs into ./.venv; nothing outside the clone is touched.
 #   make lab FLAVOUR=gpu   on a Linux machine with an NVIDIA GPU (TensorFlow with CUDA), in ./.venv-gpu:
 #   a flavour of its own, so the CUDA build never lands on top of tensorflow-cpu in the same environment
@@ -33,19 +33,19 @@ lab: setup
 # environment that runs lessons (main, Colab-like, Binder-like) and its student version once (under
 # nbgrader); the test runs note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Two tracks side by side: the main environment (set up, then tested), and the other three (set up side by
-# side, then tested one after another). Every test and lesson is written to pass on a busy machine: each
-# track keeps the cores busy for the other (so the Colab-like lessons get no extra bursty load here), and the
-# budget table says how busy it was (its host-speed line). The main track prints as it goes; the other
-# writes to build/test-others.log, printed whole when it ends.
+# Two tracks side by side, once the main environment is set up: the main environment's tests, and the other
+# three environments (set up side by side, then tested one after another). Every test and lesson is written
+# to pass on a busy machine: each track keeps the cores busy for the other (so the Colab-like lessons get no
+# extra bursty load here), and the budget table says how busy it was (its host-speed line). The main track
+# prints as it goes; the other writes to build/test-others.log, printed whole when it ends.
 test:
 	rm -f $(EXECUTIONS)
 	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j2 test-main test-others
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
-test-others:
+test-others: setup
 	@mkdir -p build; echo "Colab-like, Binder-like and Python 3.10 environments: set up and tested beside the main one (build/test-others.log)"
 	@{ $(MAKE) --no-print-directory -j3 setup-colab setup-binder setup-py310 && \
-	   BURSTY_LOAD=0 $(MAKE) --no-print-directory run-colab run-binder run-py310; } > build/test-others.log 2>&1; \
+	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder run-py310; } > build/test-others.log 2>&1; \
 	status=$$?; echo "===== build/test-others.log (exit status $$status) ====="; cat build/test-others.log; exit $$status
 
 # Main environment (current releases): lint, unit tests, every lesson under nbval, the student versions
@@ -53,6 +53,7 @@ test-others:
 # timings and memory readings make the budget table (build/budgets/results.md). Everything runs with the
 # network blocked (see conftest.py).
 test-main: lint chromium
+	@date +'== main environment: tests (%T)'
 	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python benchmarks/budgets.py --tests
 
 # The everyday loop, a few minutes from a warm .venv: lint, the unit tests that run no lesson (those marked

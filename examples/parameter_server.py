@@ -9,15 +9,18 @@ use weights that other steps have already changed (stale gradients). Every fourt
 work than the others, and step 0 stands for a slow worker: it reads the weights first (the other
 steps wait for that), then starts its work only once another step's update has landed, so it always
 finishes after at least one step scheduled later, with a gradient at least one update stale, however
-busy the machine is.
+busy the machine is (short of a wait of a whole minute: a guard against a hang, never reached in a
+healthy run).
 
 Prints one JSON line: the order steps were scheduled in, the order they finished in (the order the
-parameter server counted their updates: a counter beside the weights, incremented by each step right
-after its update, so the order holds however busy the machine is, unlike timestamps), each
-step's staleness (how many other updates reached the parameter server between the step reading
-the weights and applying its own update; it depends on which steps happened to overlap, and it is
-approximate: the weights and the update counter are two variables, updated one after the other,
-not together), the number of updates the parameter server applied, and the final loss.
+parameter server counted their updates: a counter beside the weights that each step increments right
+after its update, reading the new count in the same locked operation, so every update gets a number
+of its own, in the order they landed, however busy the machine is; timestamps taken inside the steps
+disagreed with that order on a loaded machine), each step's staleness (how many other updates
+reached the parameter server between the step reading the weights and applying its own update; it
+depends on which steps happened to overlap, and it is approximate: the weights and the update
+counter are two variables, updated one after the other, not together), the number of updates the
+parameter server applied, and the final loss.
 ``--try-fit`` first tries Keras 3 ``fit`` under this strategy and reports how it fails (Keras 3 has
 no ClusterCoordinator support; tf-keras 2's ``fit`` had), in the JSON's "fit" field.
 
@@ -186,7 +189,9 @@ def main() -> None:
         with tf.control_dependencies([busy]):  # the step's work is done before its update lands
             update = w.assign_sub(0.1 * gradient)
         with tf.control_dependencies([update]):  # counted after the update (a waiting step 0 then goes on)
-            applied = version.assign_add(1)  # this step's update is number `applied`
+            # this step's update is number `applied`: the count goes up and is read in one locked operation on the
+            # parameter server, so two steps never get the same number (assign_add then a read could)
+            applied = tf.raw_ops.ResourceCountUpTo(resource=version.handle, limit=2**62, T=tf.int64) + 1
         return index, applied, loss, applied - 1 - seen  # other updates that landed in between
 
     for warm_up in range(args.workers):  # every worker connects and builds the step first

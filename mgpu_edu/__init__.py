@@ -16,9 +16,11 @@ The package is laid out by role (CONTRIBUTING.md draws it):
 - ``mgpu_edu.course``: the course itself and its tooling: the manifest, student versions, nbgrader,
   grading, the ``mgpu-edu`` command and its doctor.
 
-Every module is also reachable by its short name, as the lessons import them
-(``from mgpu_edu import allreduce, check, viz``): each is imported on first use, so importing the
-package stays quick and free of TensorFlow.
+Every module but ``course.manifest`` (whose names are ``mgpu_edu.course``'s) is also reachable by its
+short name, as the lessons import them (``from mgpu_edu import allreduce, check, viz``): each is imported
+on first use, so importing the package stays quick and free of TensorFlow. Short names are attributes,
+not submodules: import a name from a module by its place (``from mgpu_edu.parallelism.pipeline import
+bubble_fraction``).
 
 Example:
     >>> import mgpu_edu

@@ -166,6 +166,7 @@ def test_oracle_keras_all_reduces_every_gradient_in_one_pack(four_devices):
         allreduce.gradient_allreduces(strategy, model, bytes_per_pack=-1)
 
 
+@pytest.mark.slow  # two TensorFlow worker processes, twice: make test runs it, make check doesn't
 def test_oracle_keras_packs_under_multi_worker_strategy_with_communication_options():
     """Lessons 02 and 08: under MultiWorkerMirroredStrategy, the strategy's communication_options apply to
     Keras's own apply_gradients too (it all-reduces through the replica context, which merges the

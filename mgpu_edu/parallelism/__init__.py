@@ -1,4 +1,4 @@
 """The algorithms the lessons teach, one module each: all-reduce (``allreduce``), data parallelism by hand
 (``parallel``), MirroredStrategy runs (``mirrored``), model and pipeline parallelism (``pipeline``), ZeRO
-sharding (``sharding``) and what asynchronous training's staleness does (``staleness``). Each is checked
-against the one-device computation in tests/."""
+sharding (``sharding``) and what asynchronous training's staleness does (``staleness``). Those that run
+TensorFlow are checked against the one-device computation in tests/."""
