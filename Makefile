@@ -40,14 +40,12 @@ EXECUTIONS := $(CURDIR)/build/executions.tsv
 # prints as it goes; the other writes to build/test-others.log, printed whole when it ends.
 test:
 	rm -f $(EXECUTIONS)
-	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) MAIN_IGNORE=tests/test_examples.py $(MAKE) --no-print-directory -j2 test-main test-others
+	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j2 test-main test-others
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 test-others: setup
 	@mkdir -p build; echo "Colab-like, Binder-like and Python 3.10 environments: set up and tested beside the main one (build/test-others.log)"
 	@{ $(MAKE) --no-print-directory -j3 setup-colab setup-binder setup-py310 && \
-	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder run-py310 && \
-	   echo "== main environment: tests/test_examples.py, on this track to even the two out ($$(date +%T))" && \
-	   $(BIN)/python -m pytest tests/test_examples.py; } > build/test-others.log 2>&1; \
+	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder run-py310; } > build/test-others.log 2>&1; \
 	status=$$?; echo "===== build/test-others.log (exit status $$status) ====="; cat build/test-others.log; exit $$status
 
 # Main environment (current releases): lint, unit tests, every lesson under nbval, the student versions
@@ -56,7 +54,7 @@ test-others: setup
 # network blocked (see conftest.py).
 test-main: lint chromium
 	@date +'== main environment: tests (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python benchmarks/budgets.py --tests $(if $(MAIN_IGNORE),--ignore=$(MAIN_IGNORE))
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python benchmarks/budgets.py --tests
 
 # The everyday loop, a few minutes from a warm .venv: lint, the unit tests that run no lesson (those marked
 # `lessons` or `slow` are make test's), and every lesson that differs from BASE's merge base (committed or
