@@ -11,3 +11,11 @@ pip_install() {
   "$VENV/bin/python" -m pip install --quiet "$@" \
     2> >(grep -Ev "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$" >&2)
 }
+setup_and_run() {  # setup_and_run [setup|run]: the env-* scripts' setup(), run(), or both (no argument)
+  case "${1:-all}" in
+    setup) setup ;;
+    run) run ;;
+    all) setup; run ;;
+    *) echo "usage: $0 [setup|run]" >&2; exit 2 ;;
+  esac
+}

@@ -144,6 +144,12 @@ def main() -> None:
     workers = args.workers
     last_update = tf.constant(args.workers + args.steps - 1, tf.int64)  # warm-ups, then every step but step 0
 
+    def wait_while(pending, since: tf.Tensor) -> tf.Tensor:
+        """Spin while pending() holds, for at most a minute after `since` (a guard against a hang, never reached
+        in a healthy run); returns the number of turns, for control dependencies."""
+        return tf.while_loop(lambda n: tf.logical_and(pending(), tf.timestamp() - since < 60.0), lambda n: n + 1,
+                             [tf.constant(0)])
+
     @tf.function
     def step(index: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
         # step 0 stands for a slow worker (with two workers or more). The other scheduled steps (not the
@@ -151,12 +157,8 @@ def main() -> None:
         # worker may be slow to start, and the others must not all finish before it reads
         slow = tf.logical_and(tf.equal(index, 0), workers > 1)
         others = tf.logical_and(tf.logical_and(index > 0, index < 1000), workers > 1)
-        start = tf.timestamp()
-
-        def before_step0(n: tf.Tensor) -> tf.Tensor:  # (at most a minute: a guard, never reached in a healthy run)
-            return tf.logical_and(others, tf.logical_and(tf.logical_not(step0_read.read_value()),
-                                                         tf.timestamp() - start < 60.0))
-        after_step0 = tf.while_loop(before_step0, lambda n: n + 1, [tf.constant(0)])
+        after_step0 = wait_while(lambda: tf.logical_and(others, tf.logical_not(step0_read.read_value())),
+                                 tf.timestamp())
         with tf.GradientTape() as tape:
             with tf.control_dependencies([after_step0]):
                 seen = version.read_value()  # the weights' version this step starts from
@@ -170,11 +172,10 @@ def main() -> None:
             with tf.control_dependencies([told]):
                 since = tf.timestamp()
 
-            def waiting(n: tf.Tensor) -> tf.Tensor:  # (at most a minute: a guard, never reached in a healthy run)
+            def no_new_update() -> tf.Tensor:
                 now = version.read_value()
-                pending = tf.logical_and(now <= seen, now < last_update)
-                return tf.logical_and(slow, tf.logical_and(pending, tf.timestamp() - since < 60.0))
-            waited = tf.while_loop(waiting, lambda n: n + 1, [tf.constant(0)])
+                return tf.logical_and(slow, tf.logical_and(now <= seen, now < last_update))
+            waited = wait_while(no_new_update, since)
             # uneven work, done only after both reads: every fourth step (0, 4, 8, ...) does 6 big products
             with tf.control_dependencies([current, waited]):
                 x = tf.random.stateless_normal((256, 16), seed=tf.stack([index, 0]))
