@@ -32,10 +32,24 @@ class FakeConfig:
         self.visible: list[FakeDevice] | None = None
         self.logical_config: list[types.SimpleNamespace] | None = None
         self.calls: list[str] = []
-        self.experimental = types.SimpleNamespace(get_device_details=self._details)
+        self.tf32: bool | None = None  # what enable_tensor_float_32_execution was last given
+        self.experimental = types.SimpleNamespace(get_device_details=self._details,
+                                                  enable_tensor_float_32_execution=self._set_tf32)
+
+    # compute capability by card name, as TensorFlow reports it (T4 7.5, A100 8.0, H100 9.0)
+    CAPABILITY = {"Tesla T4": (7, 5), "NVIDIA A100-SXM4-40GB": (8, 0), "NVIDIA H100 80GB HBM3": (9, 0)}
 
     def _details(self, device: FakeDevice) -> dict:
-        return {"device_name": self.gpu_name} if device.device_type == "GPU" else {}
+        if device.device_type != "GPU":
+            return {}
+        details = {"device_name": self.gpu_name}
+        if self.gpu_name in self.CAPABILITY:
+            details["compute_capability"] = self.CAPABILITY[self.gpu_name]
+        return details
+
+    def _set_tf32(self, enabled: bool) -> None:
+        self.calls.append(f"enable_tensor_float_32_execution({enabled})")
+        self.tf32 = enabled
 
     def list_physical_devices(self, kind: str) -> list[FakeDevice]:
         return list(self.physical[kind])

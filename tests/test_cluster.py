@@ -44,6 +44,16 @@ def test_workers_finish_and_logs_come_back():
     assert [log.split()[1] for log in logs] == ["0", "1", "2"]
 
 
+def test_workers_run_on_the_cpu_unless_env_says_otherwise(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the kernel's own GPU, which it holds
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["gpus"]) as job:
+        hidden = job.wait(timeout=30)
+    with cluster.LocalCluster(SLEEPER, workers=2, args=["gpus"], env={"CUDA_VISIBLE_DEVICES": "0"}) as job:
+        shown = job.wait(timeout=30)
+    assert all("CUDA_VISIBLE_DEVICES=''" in log for log in hidden)
+    assert all("CUDA_VISIBLE_DEVICES='0'" in log for log in shown)
+
+
 def test_dead_worker_is_a_clear_error_not_a_hang():
     start = time.monotonic()
     with cluster.LocalCluster(SLEEPER, workers=2, args=["fail"]) as job:

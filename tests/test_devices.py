@@ -107,7 +107,7 @@ def test_enough_physical_gpus_are_used_as_they_are(fake_gpu, capsys):
     config = fake_gpu(gpus=8, name="NVIDIA H100", memory_mb=81559, platform="local")
     layout = setup_devices(4)
     assert layout.mode == "physical" and len(layout) == 4
-    assert config.calls == ["set_visible_devices(4)"]
+    assert config.calls == ["set_visible_devices(4)", "enable_tensor_float_32_execution(False)"]
     assert config.logical_config is None
     assert capsys.readouterr().out.strip() == "Local · 8 × NVIDIA H100 → 4 physical GPUs, used as they are"
 
@@ -116,7 +116,8 @@ def test_prefer_physical_false_splits_gpu0_and_hides_the_rest(fake_gpu, capsys):
     config = fake_gpu(gpus=2, name="NVIDIA A100", memory_mb=40960, platform="local")
     layout = setup_devices(2, prefer_physical=False)
     assert layout.mode == "split"
-    assert config.calls == ["set_visible_devices(1)", "set_logical_device_configuration(/physical_device:GPU:0, 2)"]
+    assert config.calls == ["set_visible_devices(1)", "set_logical_device_configuration(/physical_device:GPU:0, 2)",
+                            "enable_tensor_float_32_execution(False)"]
     assert "GPU 0 only" in capsys.readouterr().out
 
 
@@ -134,13 +135,54 @@ def test_same_call_is_noop_and_different_layout_names_both(fake_gpu, capsys):
     config = fake_gpu(gpus=1)
     first = setup_devices(4)
     assert setup_devices(4) is first
-    assert len(config.calls) == 1
+    assert config.calls == ["set_logical_device_configuration(/physical_device:GPU:0, 4)",
+                            "enable_tensor_float_32_execution(False)", "enable_tensor_float_32_execution(False)"]
     with pytest.raises(DeviceSetupError) as caught:
         setup_devices(2)
     message = str(caught.value)
     assert "4 logical GPUs × 3,072 MB (from setup_devices(4))" in message
     assert "2 logical GPUs × 6,144 MB" in message
     assert "Restart" in message
+
+
+@pytest.mark.parametrize("name, memory_mb, share", [("NVIDIA H100 80GB HBM3", 81559, "16,128"),
+                                                     ("NVIDIA A100-SXM4-40GB", 40960, "8,192")])  # 9.0 and 8.0
+def test_tf32_off_by_default_and_said_where_the_gpu_has_it(fake_gpu, capsys, name, memory_mb, share):
+    config = fake_gpu(gpus=1, name=name, memory_mb=memory_mb, platform="local")
+    layout = setup_devices(4)
+    assert config.tf32 is False and layout.tf32 is False
+    assert capsys.readouterr().out.strip() == (
+        f"Local · 1 × {name} → 4 logical GPUs × {share} MB "
+        "(TF32 off, so split models can equal one device to float32 rounding; lesson 08.)")
+    on = setup_devices(4, tf32=True)  # the same devices, TF32 back to TensorFlow's default
+    assert config.tf32 is True and on.tf32 is True and list(on) == list(layout)
+    assert "(TF32 on: float32 products round inputs to TF32.)" in capsys.readouterr().out
+    assert setup_devices(4).tf32 is False and config.tf32 is False  # and off again
+    config.tf32 = True  # switched on by hand in between: the same call again turns it off
+    assert setup_devices(4).tf32 is False and config.tf32 is False
+
+
+def test_tf32_note_on_physical_gpus_too(fake_gpu, capsys):
+    config = fake_gpu(gpus=4, name="NVIDIA H100 80GB HBM3", memory_mb=81559, platform="local")
+    layout = setup_devices(4)
+    assert layout.mode == "physical" and config.tf32 is False
+    assert capsys.readouterr().out.strip().endswith("4 physical GPUs, used as they are (TF32 off, so split models "
+                                                    "can equal one device to float32 rounding; lesson 08.)")
+
+
+def test_tf32_switch_is_set_but_not_mentioned_on_a_t4(fake_gpu, capsys):
+    config = fake_gpu(gpus=1, name="Tesla T4", memory_mb=15360)
+    layout = setup_devices(4)
+    assert config.tf32 is False and layout.tf32 is None  # compute capability 7.5: no TF32 to turn off
+    assert "TF32" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_bad_tf32_names_value_and_meaning(fake_gpu, value):
+    config = fake_gpu(gpus=1)
+    with pytest.raises(TypeError, match=rf"tf32 must be True or False, got {value!r}.*setup_devices\(4, tf32=True\)"):
+        setup_devices(4, tf32=value)
+    assert config.calls == []
 
 
 def test_logical_devices_bad_k(fake_gpu):
@@ -165,11 +207,13 @@ def test_four_logical_cpus_with_banner():
         with tf.device(layout[3]):
             x = tf.ones(2)
         result = {"names": list(layout), "same": again is layout, "placed": x.device,
+                  "tf32": tf.config.experimental.tensor_float_32_execution_enabled(),
                   "logical": len(tf.config.list_logical_devices("CPU")), "two": logical_devices(2)}
     """)
     result = out["result"]
     assert result["names"] == [f"/device:CPU:{i}" for i in range(4)]
     assert result["logical"] == 4 and result["same"]
+    assert result["tf32"] is False  # set on CPUs too, where it changes nothing, so every machine reads the same
     assert result["placed"].endswith("CPU:3")
     assert result["two"] == ["/device:CPU:0", "/device:CPU:1"]
     banner = out["stdout"].strip().splitlines()

@@ -158,6 +158,14 @@ class LocalCluster:
 
     Use it as a context manager; :meth:`wait` returns each worker's log once all exit 0.
 
+    The workers run on the CPU: they start with ``CUDA_VISIBLE_DEVICES=""``. By default each
+    TensorFlow process takes nearly all of a GPU's free memory once it uses the GPU, and the
+    notebook that starts the workers may hold most of it already (``setup_devices`` gives its
+    logical GPUs 80 %). On an H100, workers that used the GPU failed in their first matrix
+    product ("No blas support for stream"). ``env={"CUDA_VISIBLE_DEVICES": "0",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "true"}`` lets them share GPU 0, taking memory as they need it;
+    they can still run short if the notebook holds most of it.
+
     Example:
         >>> with LocalCluster("examples/multi_worker_train.py", workers=2) as c:  # doctest: +SKIP
         ...     logs = c.wait(timeout=120)
@@ -225,7 +233,8 @@ class LocalCluster:
         raise WorkerFailed(f"could not start {self.workers} workers after {self.attempts} tries: ports were busy.")
 
     def _worker_env(self, index: int) -> dict[str, str]:
-        return {**os.environ, **self.env, "TF_CONFIG": tf_config({"worker": self.addresses}, "worker", index),
+        return {**os.environ, "CUDA_VISIBLE_DEVICES": "", **self.env,  # on the CPU unless env says otherwise
+                "TF_CONFIG": tf_config({"worker": self.addresses}, "worker", index),
                 "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"), "PYTHONUNBUFFERED": "1"}
 
     def _launch(self) -> None:

@@ -66,6 +66,7 @@ class DeviceLayout:
     memory_limits_mb: tuple[int | None, ...]
     environment: _env.Environment
     notes: tuple[str, ...] = ()
+    tf32: bool | None = None  # TF32 for float32 products, on GPUs that have it (A100, H100, ...); None elsewhere
 
     def __len__(self) -> int:
         return len(self.logical)
@@ -95,7 +96,11 @@ class DeviceLayout:
         line = f"{self.environment.label} · {self.hardware} → {self.summary}"
         if self.kind == "CPU":
             line += ": same code paths, no real speed-up"
-        return " ".join([line, *self.notes])
+        notes = list(self.notes)
+        if self.tf32 is not None:
+            notes.append("(TF32 on: float32 products round inputs to TF32.)" if self.tf32 else
+                         "(TF32 off, so split models can equal one device to float32 rounding; lesson 08.)")
+        return " ".join([line, *notes])
 
     def _rows(self) -> list[tuple[str, str, str, str]]:
         rows = []
@@ -155,22 +160,28 @@ _ACTIVE: DeviceLayout | None = None
 _ACTIVE_CALL: str = ""
 
 
-def _call_text(n: object, memory_limit_mb: object, prefer_physical: object) -> str:
+def _call_text(n: object, memory_limit_mb: object, prefer_physical: object, tf32: object = False) -> str:
     args = [repr(n)]
     if memory_limit_mb is not None:
         args.append(f"memory_limit_mb={memory_limit_mb!r}")
     if prefer_physical is not True:
         args.append(f"prefer_physical={prefer_physical!r}")
+    if tf32 is not False:
+        args.append(f"tf32={tf32!r}")
     return f"setup_devices({', '.join(args)})"
 
 
-def _validate(n: object, memory_limit_mb: object, prefer_physical: object, call: str) -> None:
+def _validate(n: object, memory_limit_mb: object, prefer_physical: object, call: str, tf32: object = False) -> None:
     whole_number("n", n, maximum=MAX_DEVICES, where=call, hint="n is how many devices to make. Try setup_devices(4).")
     if memory_limit_mb is not None:
         whole_number("memory_limit_mb", memory_limit_mb, example=1024, where=call,
                      hint="It is megabytes per logical GPU; leave it out to pick a limit from the GPU's memory.")
     if not isinstance(prefer_physical, bool):
         raise BadArgument(f"{call}: prefer_physical must be True or False, got {prefer_physical!r}.")
+    if not isinstance(tf32, bool):
+        raise BadArgument(f"{call}: tf32 must be True or False, got {tf32!r}. Leave it out (False) for float32 "
+                          "products at full float32 precision, or pass tf32=True to let A100/H100-class GPUs round "
+                          f"their inputs to TF32, e.g. setup_devices({n!r}, tf32=True).")
 
 
 def default_memory_limit_mb(total_mb: int, n: int) -> int:
@@ -281,8 +292,27 @@ def _layout(tf: Any, plan: _Plan) -> DeviceLayout:
     )
 
 
+def _has_tf32(tf: Any, kind: str) -> bool:
+    """Whether GPU 0 can run TF32 (compute capability 8.0 and up: A100, H100, ...)."""
+    if kind != "GPU":
+        return False
+    try:
+        details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0]) or {}
+    except (IndexError, RuntimeError, ValueError):
+        return False
+    capability = details.get("compute_capability")
+    return capability is not None and tuple(capability) >= (8, 0)
+
+
+def _with_tf32(tf: Any, layout: DeviceLayout, tf32: bool) -> DeviceLayout:
+    """Set TensorFlow's TF32 switch to tf32 and note it in the layout where the GPU has TF32."""
+    tf.config.experimental.enable_tensor_float_32_execution(tf32)
+    noted = tf32 if _has_tf32(tf, layout.kind) else None
+    return layout if layout.tf32 == noted else dataclasses.replace(layout, tf32=noted)
+
+
 def setup_devices(n: int = 4, memory_limit_mb: int | None = None, *, prefer_physical: bool = True,
-                  verbose: bool = True) -> DeviceLayout:
+                  tf32: bool = False, verbose: bool = True) -> DeviceLayout:
     """Make n devices for the lesson, print a one-line banner, and return the layout.
 
     - One physical GPU (or fewer than n): GPU 0 becomes n logical GPUs, each with
@@ -291,6 +321,11 @@ def setup_devices(n: int = 4, memory_limit_mb: int | None = None, *, prefer_phys
       prefer_physical=False (or a memory_limit_mb) to split GPU 0 instead.
     - No GPU: the CPU becomes n logical CPUs. They share the cores, so they run the same
       code paths as GPUs but give no real speed-up; memory_limit_mb is noted, not applied.
+    - TF32: TensorFlow's default lets A100/H100-class GPUs run float32 matrix products and
+      convolutions in TF32 (inputs rounded to 10 mantissa bits). The lessons check split models
+      against one device to float32 rounding, so ``tf32=False`` (the default) turns it off; the
+      banner says so on GPUs that have TF32. ``tf32=True`` turns it back on (TensorFlow's default).
+      Every call sets the switch, the same call again included.
 
     Call it before any other TensorFlow code. The same call again returns the same layout;
     a different layout afterwards raises DeviceSetupError, which says how to restart.
@@ -302,14 +337,15 @@ def setup_devices(n: int = 4, memory_limit_mb: int | None = None, *, prefer_phys
         '/device:CPU:2'
     """
     global _ACTIVE, _ACTIVE_CALL
-    call = _call_text(n, memory_limit_mb, prefer_physical)
-    _validate(n, memory_limit_mb, prefer_physical, call)
+    call = _call_text(n, memory_limit_mb, prefer_physical, tf32)
+    _validate(n, memory_limit_mb, prefer_physical, call, tf32)
+    tf = quiet.import_tensorflow()
     if _ACTIVE is not None and call == _ACTIVE_CALL:
+        _ACTIVE = _with_tf32(tf, _ACTIVE, tf32)  # the same call sets TF32 again (it may have been switched since)
         if verbose:
             print(_ACTIVE.banner)
         return _ACTIVE
 
-    tf = quiet.import_tensorflow()
     plan = _plan(tf, n, memory_limit_mb, prefer_physical, call)
     if _ACTIVE is not None:
         same = (_ACTIVE.kind, _ACTIVE.mode, len(_ACTIVE), _ACTIVE.memory_limits_mb) == (
@@ -320,6 +356,7 @@ def setup_devices(n: int = 4, memory_limit_mb: int | None = None, *, prefer_phys
                 f"already has {_ACTIVE.summary} (from {_ACTIVE_CALL}), and {call} asks for "
                 f"{plan.describe()}. {restart_hint(call)}"
             )
+        _ACTIVE, _ACTIVE_CALL = _with_tf32(tf, _ACTIVE, tf32), call  # the same devices; TF32 as this call asks
         if verbose:
             print(_ACTIVE.banner)
         return _ACTIVE
@@ -339,10 +376,10 @@ def setup_devices(n: int = 4, memory_limit_mb: int | None = None, *, prefer_phys
             f"{call} asks for {plan.describe()}, but TensorFlow already fixed this kernel's devices "
             f"at {_current_description(tf)}. {restart_hint(call)}"
         )
-    _ACTIVE, _ACTIVE_CALL = layout, call
+    _ACTIVE, _ACTIVE_CALL = _with_tf32(tf, layout, tf32), call
     if verbose:
-        print(layout.banner)
-    return layout
+        print(_ACTIVE.banner)
+    return _ACTIVE
 
 
 def logical_devices(k: int | None = None) -> list[str]:

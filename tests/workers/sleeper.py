@@ -13,4 +13,7 @@ if mode == "fail" and task["index"] == 1:
     sys.exit(3)
 if mode == "done":
     sys.exit(0)
+if mode == "gpus":  # which GPUs this worker may use
+    print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}", flush=True)
+    sys.exit(0)
 time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 300)
