@@ -44,7 +44,8 @@ __version__ = "0.1.0"
 MODULES = {
     **dict.fromkeys(("cluster", "devices", "env", "processes", "quiet", "renames", "strategies"), "runtime"),
     **dict.fromkeys(("data", "models"), "workloads"),
-    **dict.fromkeys(("allreduce", "mirrored", "parallel", "pipeline", "sharding", "staleness"), "parallelism"),
+    **dict.fromkeys(("allreduce", "collectives", "mirrored", "parallel", "pipeline", "sharding", "staleness"),
+                   "parallelism"),
     **dict.fromkeys(("costmodel", "memory", "perf", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
     **dict.fromkeys(("assignments", "cli", "doctor", "markers", "preprocessors"), "course"),

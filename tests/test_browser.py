@@ -311,6 +311,24 @@ def test_allreduce_stepper_in_jupyterlab(lab, tmp_path):
             stepper.screenshot(path=str(Path(RESULTS_DIR) / "allreduce-stepper.png"))
 
 
+@pytest.mark.parametrize("lab", ["12_collectives.ipynb"], indirect=True)
+def test_collective_stepper_in_jupyterlab(lab, tmp_path):
+    """Lesson 12's stepper on the all-to-all: a step forward redraws the chunks and the bytes sent."""
+    from mgpu_edu import collectives
+
+    with _lesson_widget(lab, "12_collectives.ipynb", ".mgpu-allreduce", "collective stepper", tmp_path) as (
+            page, stepper):
+        n, step = int(_readout(stepper, "devices N")), int(_readout(stepper, "step"))
+        trace = collectives.simulate("all_to_all", n, rows=n * 4)
+        assert 0 <= step < len(trace.steps) - 1  # there is a next step
+        _redraw(page, stepper, _press(page, stepper, "step", "ArrowRight"))
+        assert int(_readout(stepper, "step")) == step + 1
+        _shows(page, stepper, f"Bytes sent so far, per device: {trace.bytes_sent_until(step + 1)}. After all "
+                              f"{len(trace.steps)} steps: sent {trace.bytes_sent}, received {trace.bytes_received}")
+        if RESULTS_DIR:
+            stepper.screenshot(path=str(Path(RESULTS_DIR) / "collective-stepper.png"))
+
+
 @pytest.mark.parametrize("lab", ["07_model_parallel.ipynb"], indirect=True)
 def test_pipeline_explorer_in_jupyterlab(lab, tmp_path):
     """Lesson 07's explorer: one more stage redraws both schedules and the bubble it states."""
@@ -345,6 +363,7 @@ def test_scaling_simulator_in_jupyterlab(lab, tmp_path):
 
 #: Each widget the manifest lists, and the browser test above that drives it in its lesson.
 DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
+          "CollectiveStepper": test_collective_stepper_in_jupyterlab,
           "ReplicaBatchExplorer": test_explorer_in_jupyterlab,
           "PipelineExplorer": test_pipeline_explorer_in_jupyterlab,
           "ScalingSimulator": test_scaling_simulator_in_jupyterlab,

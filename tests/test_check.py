@@ -494,3 +494,97 @@ def test_every_float_check_accepts_a_float32_answer(fn, kwargs, formula):
     assert fn(formula(np.float32), **kwargs).correct
     assert fn(tf.constant(formula(np.float32)), **kwargs).correct
     assert fn(formula(float) * 1.05, **kwargs).status == "wrong"  # a real mistake is still one
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (7_000_000, "correct", "own chunk"),
+    (np.float32(7_000_000), "correct", "own chunk"),
+    (56_000_000, "wrong", "whole tensor"),
+    (8_000_000, "wrong", "keeps for itself"),
+    (14_000_000, "wrong", "all-reduce"),
+    (1_000_000, "wrong", "one chunk"),
+    (3, "wrong", "each of the other N−1"),
+    (None, "unsolved", "number of bytes"),
+])
+def test_all_to_all_bytes(answer, status_, hint):
+    feedback = check.all_to_all_bytes(answer, n=8, nbytes=8_000_000)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+def _reduce_scatter_variants():
+    """A right solution and the typical mistakes, built from mgpu_edu.collectives on the devices."""
+    import tensorflow as tf
+
+    from mgpu_edu import collectives, parallel
+
+    def right(tensors):
+        sums, kept = collectives.all_reduce(tensors), []
+        sizes = parallel.shard_sizes(int(sums[0].shape[0]), len(tensors))
+        for i, total in enumerate(sums):
+            with tf.device(tensors[i].device):
+                kept.append(tf.split(total, sizes)[i])
+        return kept
+
+    def whole(tensors):
+        return collectives.all_reduce(tensors)
+
+    def chunk_zero(tensors):
+        return [tf.split(t, parallel.shard_sizes(7, len(tensors)))[0] for t in collectives.all_reduce(tensors)]
+
+    def floor_rows(tensors):
+        n, kept = len(tensors), []
+        for i, total in enumerate(collectives.all_reduce(tensors)):
+            with tf.device(tensors[i].device):
+                kept.append(total[i * (7 // n): (i + 1) * (7 // n)])
+        return kept
+
+    def default_device(tensors):  # slices outside tf.device: they land on the default device
+        sizes = parallel.shard_sizes(7, len(tensors))
+        return [tf.split(t, sizes)[i] for i, t in enumerate(collectives.all_reduce(tensors))]
+
+    def even_split(tensors):  # tf.split(total, N): 7 rows don't divide by 4
+        return [tf.split(t, len(tensors))[i] for i, t in enumerate(collectives.all_reduce(tensors))]
+
+    def numpy_split(tensors):
+        return [np.array_split(t, len(tensors))[i] for i, t in enumerate(collectives.all_reduce(tensors))]
+
+    def as_tuple_with_gather(tensors):  # another right answer: a tuple, rows picked with tf.gather
+        sizes = parallel.shard_sizes(7, len(tensors))
+        starts = np.cumsum([0, *sizes])
+        out = []
+        for i, total in enumerate(collectives.all_reduce(tensors)):
+            with tf.device(tensors[i].device):
+                out.append(tf.gather(total, list(range(starts[i], starts[i + 1]))))
+        return tuple(out)
+
+    def stub(tensors):
+        return ...
+
+    def broken(tensors):
+        raise RuntimeError("oops")
+
+    return {"right": right, "whole": whole, "chunk_zero": chunk_zero, "floor_rows": floor_rows,
+            "default_device": default_device, "stub": stub, "broken": broken, "even_split": even_split,
+            "numpy_split": numpy_split, "as_tuple_with_gather": as_tuple_with_gather}
+
+
+@pytest.mark.parametrize(("variant", "status_", "hint"), [
+    ("right", "correct", "twice what a real reduce-scatter sends"),
+    ("as_tuple_with_gather", "correct", "chunk i of the sum on device i"),
+    ("even_split", "wrong", "parallel.shard_sizes(7, 4)"),
+    ("numpy_split", "wrong", "Cut with tf.split or by slicing"),
+    ("whole", "wrong", "kept the whole sum"),
+    ("chunk_zero", "wrong", "kept chunk 0"),
+    ("floor_rows", "wrong", "numpy.array_split"),
+    ("default_device", "wrong", "with tf.device(tensors[i].device)"),
+    ("stub", "unsolved", "still returns `...`"),
+    ("broken", "wrong", "raised RuntimeError: oops"),
+])
+def test_reduce_scatter_function(four_devices, variant, status_, hint):
+    feedback = check.reduce_scatter_function(_reduce_scatter_variants()[variant], four_devices)
+    assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+def test_reduce_scatter_function_unsolved_and_not_a_function(four_devices):
+    assert check.reduce_scatter_function(None, four_devices).status == "unsolved"
+    assert "no parentheses" in check.reduce_scatter_function(3, four_devices).message

@@ -731,3 +731,102 @@ def checkpoint_interval(answer: Any, save_seconds: float, mtbf_seconds: float) -
                    (expected / 60, "that is in minutes, or the MTBF is still in hours: put both times in "
                                    f"seconds (MTBF {mtbf_seconds:,.0f} s) and give seconds.")],
                   ": √(2 × save time × MTBF), both in seconds.", rel_tol=0.02)
+
+
+def all_to_all_bytes(answer: Any, n: int, nbytes: int) -> Feedback:
+    """Lesson 12, exercise 1: bytes each device sends in an all-to-all of nbytes per device over n devices."""
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
+    expected = (n - 1) * nbytes / n
+    return _judge(answer, expected, f"{expected:,.0f} bytes: N−1 of its N chunks, S/N each, while its own chunk "
+                  "stays. As much as a reduce-scatter, half of an all-reduce.", [
+                      ((n - 1) * nbytes, "that sends the whole tensor to every other device. Each device is sent "
+                                         f"only the chunk meant for it: S/{n} bytes."),
+                      (nbytes, f"that counts the chunk a device keeps for itself: it sends {n - 1} of its {n} "
+                               "chunks."),
+                      (2 * (n - 1) * nbytes / n, "that is an all-reduce's, which runs two phases. An all-to-all "
+                                                 "moves each chunk once."),
+                      (nbytes / n, f"that is one chunk. A device sends one chunk to each of the other {n - 1} "
+                                   "devices.")],
+                  ". Each device sends one chunk of S/N bytes to each of the other N−1 devices.", abs_tol=0.5)
+
+
+def reduce_scatter_function(fn: Any, devices: Any) -> Feedback:
+    """Lesson 12, exercise 2: ``fn(tensors)`` is a reduce-scatter built from all_reduce and slicing.
+
+    The check places a 7 × 2 tensor on each device in ``devices`` (7 rows don't divide by 2, 3 or
+    4 devices), calls ``fn`` and compares what each device got with chunk i
+    (``numpy.array_split`` along axis 0) of the sum, and reads from TensorFlow where it lives.
+    """
+    import numpy as np
+
+    from mgpu_edu.runtime import quiet
+
+    if _unsolved(fn):
+        return _report("unsolved", "define `reduce_scatter_by_all_reduce(tensors)` and pass it to the check.")
+    if not callable(fn):
+        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function itself: "
+                                "check.reduce_scatter_function(reduce_scatter_by_all_reduce, layout), no "
+                                "parentheses.")
+    tf = quiet.import_tensorflow()
+    names = [str(getattr(name, "name", name)) for name in devices]
+    n = len(names)
+    rng = np.random.default_rng(12)
+    values = [rng.integers(-9, 10, size=(7, 2)).astype(np.float32) for _ in range(n)]
+    tensors = []
+    for value, name in zip(values, names, strict=True):
+        with tf.device(name):
+            tensors.append(tf.constant(value))
+    wanted = np.array_split(np.sum(values, axis=0), n)
+    try:
+        got = fn(list(tensors))
+    except tf.errors.InvalidArgumentError as error:
+        if "evenly divide" in str(error):
+            return _report("wrong", f"tf.split(total, {n}) needs {n} to divide the 7 rows, and it doesn't. Pass the "
+                                    f"chunk sizes instead: tf.split(total, parallel.shard_sizes(7, {n})).")
+        return _report("wrong", f"reduce_scatter_by_all_reduce raised InvalidArgumentError: {error}.")
+    except Exception as error:  # a learner's code may raise anything
+        return _report("wrong", f"reduce_scatter_by_all_reduce raised {type(error).__name__}: {error}.")
+    if _unsolved(got):
+        return _unsolved_function("reduce_scatter_by_all_reduce", got)
+    try:
+        got = list(got)
+    except TypeError:
+        return _report("wrong", f"it returned {type(got).__name__}: return a list with one tensor per device.")
+    if len(got) != n:
+        return _report("wrong", f"it returned {len(got)} item(s) for {n} devices: one tensor per device.")
+    arrays = []
+    for i, item in enumerate(got):
+        if isinstance(item, np.ndarray) or np.isscalar(item):
+            return _report("wrong", f"item {i} is a NumPy {type(item).__name__}, which lives on no device: NumPy "
+                                    "functions (np.array_split, .numpy()) leave TensorFlow. Cut with tf.split or by "
+                                    "slicing the tensor.")
+        if not hasattr(item, "device") or not hasattr(item, "numpy"):
+            return _report("wrong", f"item {i} is {type(item).__name__}, not a TensorFlow tensor: return each "
+                                    "device's chunk as a tensor on its device.")
+        arrays.append(item.numpy())
+    total = np.sum(values, axis=0)
+    for i, array in enumerate(arrays):
+        if array.shape == wanted[i].shape and np.allclose(array, wanted[i]):
+            continue
+        if array.shape == total.shape and np.allclose(array, total):
+            return _report("wrong", f"device {i} kept the whole sum. A reduce-scatter leaves device i only chunk i "
+                                    "of it: cut each sum and keep one piece.")
+        if i > 0 and array.shape == wanted[0].shape and np.allclose(array, wanted[0]):
+            return _report("wrong", f"device {i} kept chunk 0. Device i keeps chunk i (its index in the list).")
+        floor = 7 // n
+        if array.shape[0] in (floor, 7 - floor * (n - 1)) and array.shape[0] != wanted[i].shape[0]:
+            return _report("wrong", f"device {i} got {array.shape[0]} row(s), not {wanted[i].shape[0]}. Cut 7 rows "
+                                    f"the way numpy.array_split does: the first 7 % {n} = {7 % n} chunks get one row "
+                                    f"more, {[len(w) for w in wanted]} (parallel.shard_sizes(7, {n})).")
+        return _report("wrong", f"device {i} got {array.tolist()}, expected chunk {i} of the sum: "
+                                f"{wanted[i].tolist()}.")
+    for i, item in enumerate(got):
+        if _device_key(item.device) != _device_key(names[i]):
+            return _report("wrong", f"device {i}'s chunk lives on {item.device.replace(_LOCAL, '')}, not {names[i]}. "
+                                    "Slice inside `with tf.device(tensors[i].device):` so the chunk stays where "
+                                    "its sum is (lesson 01: an op without a device runs on the default one).")
+    return _report("correct", f"chunk i of the sum on device i, for {n} devices and 7 uneven rows. Built from an "
+                              "all-reduce, it moves 2(N−1)/N·S per device, twice what a real reduce-scatter sends: "
+                              "every device receives finished sums it then throws away.")

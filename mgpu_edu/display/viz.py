@@ -163,10 +163,9 @@ def draw_allreduce_step(trace, k: int, ax: Axes | None = None) -> Axes:  # trace
         ax.text(-0.15, y + 0.5, f"device {d}", ha="right", va="center", fontsize=9, color=device_color(d))
     if k > 0:
         step = trace.steps[k - 1]
-        for send in step.sends:
+        for send in step.sends:  # from the sender's chunk to the receiver's (another column in an all-to-all)
             ys, yd = n - 1 - send.src + 0.5, n - 1 - send.dst + 0.5
-            x = send.chunk + 0.45
-            ax.annotate("", xy=(x + 0.3, yd), xytext=(x + 0.3, ys),
+            ax.annotate("", xy=(send.target + 0.75, yd), xytext=(send.chunk + 0.75, ys),
                         arrowprops={"arrowstyle": "->", "color": "black" if send.op == "add" else "gray",
                                     "connectionstyle": "arc3,rad=0.3", "lw": 1.2})
         title = f"{trace.algorithm}, N={n}: step {k} of {len(trace.steps)} ({step.phase}, {len(step.sends)} sends)"
@@ -175,7 +174,8 @@ def draw_allreduce_step(trace, k: int, ax: Axes | None = None) -> Axes:  # trace
     ax.set_title(title, fontsize=10)
     ax.set_xlim(-1.3, chunks + 0.1)
     ax.set_ylim(-0.1, n + 0.1)
-    ax.set_xticks([c + 0.45 for c in range(chunks)], [f"chunk {c}" for c in range(chunks)], fontsize=8)
+    labels = trace.labels or [f"chunk {c}" for c in range(chunks)]
+    ax.set_xticks([c + 0.45 for c in range(chunks)], labels, fontsize=8)
     ax.set_yticks([])
     for side in ("top", "right", "left", "bottom"):
         ax.spines[side].set_visible(False)

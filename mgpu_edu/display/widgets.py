@@ -12,7 +12,7 @@ from typing import Any
 from mgpu_edu._validate import one_of, real_number, whole_number
 from mgpu_edu.analysis import costmodel, memory
 from mgpu_edu.display import viz
-from mgpu_edu.parallelism import allreduce, mirrored, pipeline
+from mgpu_edu.parallelism import allreduce, collectives, mirrored, pipeline
 from mgpu_edu.runtime import devices as _devices
 from mgpu_edu.runtime import quiet
 
@@ -31,21 +31,25 @@ class _Displayed:
 class AllReduceStepper(_Displayed):
     """Step through an all-reduce: pick N and an algorithm, then move the step slider or press play.
 
-    Each frame shows every device's chunks after step k (which devices' data each partial sum
-    holds) and arrows for what moved in step k. The schedule is the one
-    :mod:`mgpu_edu.allreduce` runs on real tensors, simulated here for any N up to 16.
+    Each frame shows every device's chunks after step k (which devices' data each chunk holds:
+    a partial sum, a copy, or nothing yet) and arrows for what moved in step k (black: added,
+    grey: copied). The schedule is the one :mod:`mgpu_edu.allreduce` runs on real tensors,
+    simulated here for any N up to 16. :class:`CollectiveStepper` adds the other collectives.
 
     Example:
         >>> AllReduceStepper(n=4, algorithm="ring")  # doctest: +SKIP
     """
 
+    PATTERNS: tuple[str, ...] = allreduce.ALGORITHMS
+    LABEL = "algorithm"
+
     def __init__(self, n: int = 4, algorithm: str = "ring", max_n: int = 16) -> None:
         import ipywidgets as w
 
-        one_of("algorithm", algorithm, allreduce.ALGORITHMS)
+        one_of("algorithm", algorithm, self.PATTERNS)
         whole_number("n", n, minimum=2, maximum=max_n, hint="It is the number of devices.")
         self.n = w.IntSlider(value=n, min=2, max=max_n, description="devices N")
-        self.algorithm = w.Dropdown(options=list(allreduce.ALGORITHMS), value=algorithm, description="algorithm")
+        self.algorithm = w.Dropdown(options=list(self.PATTERNS), value=algorithm, description=self.LABEL)
         self.step = w.IntSlider(value=0, min=0, max=1, description="step")
         self.play = w.Play(value=0, min=0, max=1, interval=900, description="play")
         w.jslink((self.play, "value"), (self.step, "value"))
@@ -60,7 +64,11 @@ class AllReduceStepper(_Displayed):
         self._rebuild()
 
     def _rebuild(self, change: Any = None) -> None:
-        self.trace = allreduce.simulate(self.algorithm.value, self.n.value, length=self.n.value * 4)
+        n, pattern = self.n.value, self.algorithm.value
+        if pattern in allreduce.ALGORITHMS:
+            self.trace = allreduce.simulate(pattern, n, length=n * 4)
+        else:
+            self.trace = collectives.simulate(pattern, n, rows=n * 4)
         steps = len(self.trace.steps)
         self.step.value = 0
         self.step.max = self.play.max = steps
@@ -73,7 +81,23 @@ class AllReduceStepper(_Displayed):
         self.image.value = viz.figure_png(fig)
         sent = trace.bytes_sent_until(k)
         self.info.value = (f"<p>Tensor size S = {trace.total_bytes:,} bytes per device. Bytes sent so far, "
-                           f"per device: {sent}. After all {len(trace.steps)} steps: {trace.bytes_sent}.</p>")
+                           f"per device: {sent}. After all {len(trace.steps)} steps: sent {trace.bytes_sent}, "
+                           f"received {trace.bytes_received}.</p>")
+
+
+
+class CollectiveStepper(AllReduceStepper):
+    """Lesson 03's stepper with every collective of :mod:`mgpu_edu.collectives` beside the all-reduce algorithms.
+
+    Broadcast, reduce, reduce-scatter, all-gather, all-to-all and send/receive, simulated for any N
+    up to 16 with the schedules the collectives run on real tensors (lesson 12).
+
+    Example:
+        >>> CollectiveStepper(n=4, algorithm="all_to_all")  # doctest: +SKIP
+    """
+
+    PATTERNS = (*allreduce.ALGORITHMS, *(c for c in collectives.COLLECTIVES if c != "all_reduce"))
+    LABEL = "pattern"
 
 
 class ReplicaBatchExplorer(_Displayed):

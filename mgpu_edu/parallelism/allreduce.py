@@ -14,6 +14,7 @@ and run by one executor:
 On TensorFlow tensors placed on logical devices, a "send" is a real copy to the receiving
 device (``tf.device`` on the receiver). :func:`simulate` runs the same schedules on NumPy
 arrays for any N, which is what the step-through widget draws. No GPU needed for either.
+The other collectives (:mod:`mgpu_edu.collectives`) run their schedules on the same executor.
 """
 
 from __future__ import annotations
@@ -33,13 +34,22 @@ ALGORITHMS = ("ring", "reduce_to_one", "tree")
 
 @dataclasses.dataclass(frozen=True)
 class Send:
-    """One message: src sends chunk to dst, which adds it ("add") or stores it ("copy")."""
+    """One message: src sends its chunk ``chunk`` to dst, which adds it ("add") or stores it ("copy").
+
+    The receiver puts it in its own chunk ``into`` (default: the same chunk number).
+    """
 
     src: int
     dst: int
     chunk: int
     op: str
     nbytes: int = 0
+    into: int | None = None
+
+    @property
+    def target(self) -> int:
+        """The receiver's chunk that the message lands in."""
+        return self.chunk if self.into is None else self.into
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +74,8 @@ class Trace:
     chunk_bytes: tuple[int, ...]
     initial: tuple[tuple[tuple[int, ...], ...], ...]
     steps: tuple[Step, ...]
+    #: What each chunk column is, where "chunk c" would mislead (the ring's halves carry shard c − 1 in chunk c).
+    labels: tuple[str, ...] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -160,88 +172,133 @@ _SCHEDULES: dict[str, Callable[..., tuple[int, list[tuple[str, list[Send]]]]]] =
 # ----------------------------------------------------------------------------- executor
 
 
-def _execute(values: list[list[Any]], schedule: list[tuple[str, list[Send]]], itemsize: int,
-             add: Callable[[int, Any, Any], Any], copy: Callable[[int, Any], Any],
-             algorithm: str) -> tuple[list[list[Any]], Trace]:
-    """Run a schedule on per-device chunk lists; every step reads the values from before it."""
+class ChunkOps:
+    """How the executor cuts, joins, adds and moves one device's chunks: on NumPy arrays (this class) or
+    on TensorFlow devices (:class:`TensorFlowOps`). Every method gets d, the device it runs for."""
+
+    def split(self, d: int, value: Any, sizes: Sequence[int]) -> list[Any]:
+        import numpy as np
+
+        return list(np.split(value, np.cumsum(sizes)[:-1].astype(int), axis=0))
+
+    def concat(self, d: int, chunks: Sequence[Any]) -> Any:
+        import numpy as np
+
+        return np.concatenate(chunks, axis=0)
+
+    def zeros(self, d: int, like: Any) -> Any:
+        import numpy as np
+
+        return np.zeros_like(like)
+
+    def add(self, d: int, mine: Any, incoming: Any) -> Any:
+        return mine + incoming
+
+    def copy(self, d: int, incoming: Any) -> Any:
+        return incoming.copy()
+
+
+NumPyOps = ChunkOps  # the NumPy version, for simulate (one process, no devices)
+
+
+class TensorFlowOps(ChunkOps):
+    """The same on TensorFlow tensors, each op on device d: an add or copy there receives the incoming chunk."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.tf, self.devices = quiet.import_tensorflow(), list(devices)
+
+    def split(self, d: int, value: Any, sizes: Sequence[int]) -> list[Any]:
+        with self.tf.device(self.devices[d]):
+            return list(self.tf.split(value, list(sizes), axis=0))
+
+    def concat(self, d: int, chunks: Sequence[Any]) -> Any:
+        with self.tf.device(self.devices[d]):
+            return self.tf.concat(list(chunks), axis=0)
+
+    def zeros(self, d: int, like: Any) -> Any:
+        with self.tf.device(self.devices[d]):
+            return self.tf.zeros(like.shape, like.dtype)
+
+    def add(self, d: int, mine: Any, incoming: Any) -> Any:
+        with self.tf.device(self.devices[d]):
+            return mine + incoming  # runs on d, so incoming is copied there: the send
+
+    def copy(self, d: int, incoming: Any) -> Any:
+        with self.tf.device(self.devices[d]):
+            return self.tf.identity(incoming)
+
+
+def execute(values: list[list[Any]], schedule: list[tuple[str, list[Send]]], itemsize: int, ops: ChunkOps,
+            algorithm: str, initial: Sequence[Sequence[tuple[int, ...]]] | None = None,
+            labels: Sequence[str] | None = None) -> tuple[list[list[Any]], Trace]:
+    """Run a schedule on per-device chunk lists (``values[d][c]``); every step reads the values from before it.
+
+    ``initial[d][c]`` says whose data chunk c on device d starts with (default: device d's own;
+    ``()`` for an empty buffer that a send will fill). Each send's bytes are the size of the chunk
+    it carries. ``labels`` name the chunk columns in drawings. Returns the chunk lists after the last
+    step and the :class:`Trace`.
+    """
     n = len(values)
-    sizes = [_chunk_value_size(v) for v in values[0]]
-    state = [[(d,) for _ in values[d]] for d in range(n)]
-    initial = tuple(tuple(chunks) for chunks in state)
+    sizes = [_elements(v) for v in values[0]]
+    state = [list(chunks) for chunks in initial] if initial is not None else [[(d,) for _ in values[d]]
+                                                                               for d in range(n)]
+    first = tuple(tuple(chunks) for chunks in state)
     steps = []
     for index, (phase, sends) in enumerate(schedule, start=1):
         old_values = [list(chunks) for chunks in values]
         old_state = [list(chunks) for chunks in state]
         recorded = []
         for send in sends:  # several adds into one chunk in a step accumulate (reduce-to-one's root)
-            incoming = old_values[send.src][send.chunk]
+            incoming, target = old_values[send.src][send.chunk], send.target
             if send.op == "add":
-                values[send.dst][send.chunk] = add(send.dst, values[send.dst][send.chunk], incoming)
-                state[send.dst][send.chunk] = tuple(sorted(state[send.dst][send.chunk]
-                                                           + old_state[send.src][send.chunk]))
+                values[send.dst][target] = ops.add(send.dst, values[send.dst][target], incoming)
+                state[send.dst][target] = tuple(sorted(state[send.dst][target] + old_state[send.src][send.chunk]))
             else:
-                values[send.dst][send.chunk] = copy(send.dst, incoming)
-                state[send.dst][send.chunk] = old_state[send.src][send.chunk]
-            recorded.append(dataclasses.replace(send, nbytes=sizes[send.chunk] * itemsize))
+                values[send.dst][target] = ops.copy(send.dst, incoming)
+                state[send.dst][target] = old_state[send.src][send.chunk]
+            recorded.append(dataclasses.replace(send, nbytes=_elements(incoming) * itemsize))
         steps.append(Step(index, phase, tuple(recorded), tuple(tuple(chunks) for chunks in state)))
-    trace = Trace(algorithm, n, tuple(s * itemsize for s in sizes), initial, tuple(steps))
+    trace = Trace(algorithm, n, tuple(s * itemsize for s in sizes), first, tuple(steps),
+                  tuple(labels) if labels is not None else None)
     return values, trace
 
 
-def _chunk_value_size(value: Any) -> int:
-    shape = value.shape
-    return int(shape[0]) if len(shape) else 1
+def _elements(value: Any) -> int:
+    """How many numbers a chunk holds (a TensorFlow tensor or a NumPy array)."""
+    return math.prod(int(size) for size in value.shape)
 
 
-def _check_tensors(tensors: Sequence[Any], name: str) -> list[Any]:
+def check_tensors(tensors: Sequence[Any], name: str) -> list[Any]:
+    """One tensor per device, all of one shape and dtype, or a BadArgument that says what differs."""
     tensors = list(tensors)
     if not tensors:
-        raise ValueError(f"{name} needs at least one tensor (one per device), got an empty list.")
+        raise BadArgument(f"{name} needs at least one tensor (one per device), got an empty list.")
     shapes = [tuple(t.shape) for t in tensors]
     dtypes = [getattr(t.dtype, "name", str(t.dtype)) for t in tensors]
     if len(set(shapes)) > 1:
-        raise ValueError(f"{name}: every tensor must have the same shape, got shapes {shapes}. "
-                         "Each device must hold a tensor of the same size to add them.")
+        raise BadArgument(f"{name}: every tensor must have the same shape, got shapes {shapes}. "
+                          "Each device must hold a tensor of the same size to add them.")
     if len(set(dtypes)) > 1:
-        raise ValueError(f"{name}: every tensor must have the same dtype, got dtypes {dtypes}. "
-                         "Cast them to one dtype (e.g. tf.cast(t, tf.float32)) first.")
+        raise BadArgument(f"{name}: every tensor must have the same dtype, got dtypes {dtypes}. "
+                          "Cast them to one dtype (e.g. tf.cast(t, tf.float32)) first.")
     return tensors
-
-
-def _placed_ops(devices: Sequence[str]) -> tuple[Callable[[int, Any, Any], Any], Callable[[int, Any], Any]]:
-    """The executor's add and copy for tensors on devices: each runs on the receiving device (the send)."""
-    tf = quiet.import_tensorflow()
-
-    def add(dst: int, mine: Any, incoming: Any) -> Any:
-        with tf.device(devices[dst]):
-            return mine + incoming  # runs on dst, so incoming is copied there: the send
-
-    def copy(dst: int, incoming: Any) -> Any:
-        with tf.device(devices[dst]):
-            return tf.identity(incoming)
-
-    return add, copy
 
 
 def _allreduce_tf(tensors: Sequence[Any], algorithm: str, trace: bool, **options: Any) -> Any:
     tf = quiet.import_tensorflow()
-    name = f"{algorithm}_allreduce"
-    tensors = _check_tensors(tensors, name)
-    devices = [t.device for t in tensors]
-    n = len(tensors)
-    chunks, schedule = _SCHEDULES[algorithm](n, **options)
-    shape = tensors[0].shape
-    length = int(tf.size(tensors[0]))
-    sizes = shard_sizes(length, chunks)
+    tensors = check_tensors(tensors, f"{algorithm}_allreduce")
+    ops = TensorFlowOps([t.device for t in tensors])
+    chunks, schedule = _SCHEDULES[algorithm](len(tensors), **options)
+    sizes = shard_sizes(int(tf.size(tensors[0])), chunks)
     values = []
-    for device, tensor in zip(devices, tensors, strict=True):
-        with tf.device(device):
-            values.append(list(tf.split(tf.reshape(tensor, [-1]), sizes)))
-    values, record = _execute(values, schedule, tensors[0].dtype.size, *_placed_ops(devices), algorithm)
+    for d, tensor in enumerate(tensors):
+        with tf.device(ops.devices[d]):  # everything but the sends stays on each tensor's own device
+            values.append(ops.split(d, tf.reshape(tensor, [-1]), sizes))
+    values, record = execute(values, schedule, tensors[0].dtype.size, ops, algorithm)
     results = []
-    for device, chunks_ in zip(devices, values, strict=True):
-        with tf.device(device):
-            results.append(tf.reshape(tf.concat(chunks_, axis=0), shape))
+    for d, chunks_ in enumerate(values):
+        with tf.device(ops.devices[d]):
+            results.append(tf.reshape(ops.concat(d, chunks_), tensors[0].shape))
     return (results, record) if trace else results
 
 
@@ -249,6 +306,41 @@ def _shard_order(n: int) -> list[int]:
     """The ring leaves chunk (d + 1) mod N finished on device d; chunk c carries shard (c − 1) mod N, so
     device d ends up owning shard d."""
     return [(c - 1) % n for c in range(n)]
+
+
+def reduce_scatter_rows(values: Sequence[Any], ops: ChunkOps, itemsize: int,
+                        label: str = "ring reduce-scatter") -> tuple[list[Any], Trace]:
+    """The ring's reduce-scatter on one value per device, cut along axis 0: device d ends with the sum of shard d.
+
+    The shards are :func:`mgpu_edu.parallel.shard_sizes` of the first axis (``numpy.array_split``'s
+    sizes). It runs the N−1 reduce-scatter steps of :func:`ring_schedule`.
+    """
+    n = len(values)
+    sizes, order = shard_sizes(int(values[0].shape[0]), n), _shard_order(n)
+    chunks = []
+    for d, value in enumerate(values):
+        shards = ops.split(d, value, sizes)
+        chunks.append([shards[order[c]] for c in range(n)])
+    chunks, record = execute(chunks, ring_schedule(n)[1][: n - 1], itemsize, ops, label,
+                             labels=[f"shard {order[c]}" for c in range(n)])
+    return [chunks[d][(d + 1) % n] for d in range(n)], record
+
+
+def all_gather_rows(shards: Sequence[Any], ops: ChunkOps, itemsize: int,
+                    label: str = "ring all-gather") -> tuple[list[Any], Trace]:
+    """The ring's all-gather: every device ends with the shards concatenated along axis 0, in device order.
+
+    Shard d starts on device d; the other chunks start as empty buffers (zeros of their size) and
+    fill as the shards travel round the ring, in the N−1 all-gather steps of :func:`ring_schedule`.
+    """
+    n = len(shards)
+    order = _shard_order(n)
+    chunks = [[shards[d] if c == (d + 1) % n else ops.zeros(d, shards[order[c]]) for c in range(n)]
+              for d in range(n)]
+    empty = [[(d,) if c == (d + 1) % n else () for c in range(n)] for d in range(n)]
+    chunks, record = execute(chunks, ring_schedule(n)[1][n - 1:], itemsize, ops, label, initial=empty,
+                             labels=[f"shard {order[c]}" for c in range(n)])
+    return [ops.concat(d, [chunks[d][order.index(j)] for j in range(n)]) for d in range(n)], record
 
 
 def ring_reduce_scatter(tensors: Sequence[Any], trace: bool = False) -> Any:
@@ -265,19 +357,13 @@ def ring_reduce_scatter(tensors: Sequence[Any], trace: bool = False) -> Any:
         [[2.0, 2.0, 2.0], [2.0, 2.0]]
     """
     tf = quiet.import_tensorflow()
-    tensors = _check_tensors(tensors, "ring_reduce_scatter")
-    devices, n = [t.device for t in tensors], len(tensors)
-    sizes = shard_sizes(int(tf.size(tensors[0])), n)
-    order = _shard_order(n)
-    values = []
-    for device, tensor in zip(devices, tensors, strict=True):
-        with tf.device(device):
-            shards = tf.split(tf.reshape(tensor, [-1]), sizes)
-            values.append([shards[order[c]] for c in range(n)])
-    _, steps = ring_schedule(n)
-    values, record = _execute(values, steps[: n - 1], tensors[0].dtype.size, *_placed_ops(devices),
-                              "ring reduce-scatter")
-    owned = [values[d][(d + 1) % n] for d in range(n)]
+    tensors = check_tensors(tensors, "ring_reduce_scatter")
+    ops = TensorFlowOps([t.device for t in tensors])
+    flat = []
+    for d, tensor in enumerate(tensors):
+        with tf.device(ops.devices[d]):
+            flat.append(tf.reshape(tensor, [-1]))
+    owned, record = reduce_scatter_rows(flat, ops, tensors[0].dtype.size)
     return (owned, record) if trace else owned
 
 
@@ -289,7 +375,6 @@ def ring_all_gather(shards: Sequence[Any], trace: bool = False) -> Any:
     the N−1 all-gather steps of :func:`ring_schedule`, so each device sends (N−1)/N of the
     whole. ZeRO's parameters go this way. With trace=True returns ``(tensors, trace)``.
     """
-    tf = quiet.import_tensorflow()
     shards = list(shards)
     if not shards:
         raise BadArgument("ring_all_gather needs one shard per device, got an empty list.")
@@ -299,21 +384,7 @@ def ring_all_gather(shards: Sequence[Any], trace: bool = False) -> Any:
     if len({s.dtype for s in shards}) > 1:
         raise BadArgument(f"ring_all_gather: the shards must share one dtype; got {[s.dtype.name for s in shards]}. "
                           "Cast them first, e.g. tf.cast(s, tf.float32).")
-    devices, n = [s.device for s in shards], len(shards)
-    order = _shard_order(n)
-    values = []
-    for d, device in enumerate(devices):
-        with tf.device(device):  # the other chunks start as zeros of their size and arrive round the ring
-            values.append([shards[d] if c == (d + 1) % n
-                           else tf.zeros([int(tf.size(shards[order[c]]))], shards[d].dtype) for c in range(n)])
-    _, steps = ring_schedule(n)
-    values, record = _execute(values, steps[n - 1:], shards[0].dtype.size, *_placed_ops(devices),
-                              "ring all-gather")
-    gathered = []
-    for d, device in enumerate(devices):
-        with tf.device(device):
-            by_shard = [values[d][order.index(j)] for j in range(n)]
-            gathered.append(tf.concat(by_shard, axis=0))
+    gathered, record = all_gather_rows(shards, TensorFlowOps([s.device for s in shards]), shards[0].dtype.size)
     return (gathered, record) if trace else gathered
 
 
@@ -367,10 +438,9 @@ def simulate(algorithm: str, n: int, length: int | None = None, itemsize: int = 
     whole_number("n", n, minimum=1, maximum=64, hint="It is the number of devices.")
     length = n if length is None else length
     chunks, schedule = _SCHEDULES[algorithm](n)
-    sizes = shard_sizes(length, chunks)
-    values = [list(np.split(np.full(length, float(d)), np.cumsum(sizes)[:-1])) for d in range(n)]
-    values, record = _execute(values, schedule, itemsize, lambda dst, a, b: a + b, lambda dst, b: b.copy(),
-                              algorithm)
+    sizes, ops = shard_sizes(length, chunks), NumPyOps()
+    values = [ops.split(d, np.full(length, float(d)), sizes) for d in range(n)]
+    values, record = execute(values, schedule, itemsize, ops, algorithm)
     expected = n * (n - 1) / 2
     assert all(np.all(np.concatenate(v) == expected) for v in values), "schedule did not all-reduce"
     return record
@@ -472,7 +542,7 @@ def tf_allreduce(tensors: Sequence[Any], cross_device_ops: Any = None) -> TfAllR
     ``graph_ops`` counts the reduction ops. Works on logical CPUs.
     """
     tf = quiet.import_tensorflow()
-    tensors = _check_tensors(tensors, "tf_allreduce")
+    tensors = check_tensors(tensors, "tf_allreduce")
     strategy = make_strategy([t.device for t in tensors], cross_device_ops=cross_device_ops)
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda context: tensors[context.replica_id_in_sync_group])
