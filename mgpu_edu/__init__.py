@@ -43,9 +43,9 @@ __version__ = "0.1.0"
 #: Each module's short name and the subpackage that holds it.
 MODULES = {
     **dict.fromkeys(("cluster", "devices", "env", "processes", "quiet", "renames", "strategies"), "runtime"),
-    **dict.fromkeys(("data", "models"), "workloads"),
-    **dict.fromkeys(("allreduce", "collectives", "mirrored", "parallel", "pipeline", "sharding", "staleness"),
-                   "parallelism"),
+    **dict.fromkeys(("data", "gpt", "models"), "workloads"),
+    **dict.fromkeys(("allreduce", "collectives", "mirrored", "parallel", "pipeline", "sharding", "staleness",
+                    "tensor"), "parallelism"),
     **dict.fromkeys(("costmodel", "memory", "perf", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
     **dict.fromkeys(("assignments", "cli", "doctor", "markers", "preprocessors"), "course"),

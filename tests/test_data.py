@@ -39,3 +39,30 @@ def test_digits_split_is_seeded_and_images_are_the_same_pixels():
 def test_digits_refuses_a_test_fraction_outside_0_1_and_names_it(fraction):
     with pytest.raises(BadArgument, match=f"test_fraction={fraction!r}"):
         data.digits(test_fraction=fraction)
+
+
+def test_skip_text_lines_walk_the_alphabet():
+    split = data.skip_text(n=50, length=8, seed=1)
+    assert split.x_train.shape == (40, 8) and split.x_test.shape == (10, 8) and split.x_train.dtype == np.int32
+    np.testing.assert_array_equal(split.x_train[:, 1:], split.y_train[:, :-1])  # y is x moved on by one
+    steps = (split.x_train[:, 1:] - split.x_train[:, :-1]) % 26
+    assert ((steps == steps[:, :1]) & (steps >= 1) & (steps <= 3)).all()  # one step per line, 1 to 3
+    assert data.letters([0, 1, 25]) == "abz"
+    with pytest.raises(ValueError, match="length=1"):
+        data.skip_text(length=1)
+
+
+@pytest.mark.slow
+def test_the_tiny_gpt_learns_skip_text():
+    import keras
+
+    from mgpu_edu import models
+
+    split = data.skip_text(n=2048, length=16)
+    model = models.tiny_gpt(vocab=26, seq_len=16, hidden=32, heads=4, layers=2, seed=0)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(split.x_train, split.y_train, batch_size=64, epochs=6, verbose=0)  # 26 steps an epoch: 156
+    predicted = np.argmax(model.predict(split.x_test, verbose=0), axis=-1)
+    assert (predicted[:, 1:] == split.y_test[:, 1:]).mean() > 0.99  # from the second letter on: exact
+    assert (predicted[:, 0] == split.y_test[:, 0]).mean() < 0.5  # the first letter alone can't give the step

@@ -496,3 +496,59 @@ def draw_step_memory(readings: dict, ax: Axes, title: str = "") -> Axes:  # read
         ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
     return ax
+
+
+def draw_tensor_parallel_block(t: int, heads: int = 4, sequence_parallel: bool = False,
+                               ax: Axes | None = None) -> Axes:
+    """Who holds what in one transformer block split over t devices (:mod:`mgpu_edu.tensor`), left to right.
+
+    One row per device: the activations it holds (the whole sequence, or its chunk with sequence
+    parallelism), its heads of attention and its slice of the MLP; grey bars are the collectives
+    between the regions, forward above and backward below.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    if heads % t:
+        raise ValueError(f"heads={heads} doesn't divide by t={t}: each device takes whole heads.")
+    per = heads // t
+    enter = ("all-gather", "reduce-scatter") if sequence_parallel else ("f: copy", "all-reduce")
+    leave = ("reduce-scatter", "all-gather") if sequence_parallel else ("g: all-reduce", "copy")
+    columns = [("x", None), ("LayerNorm", None), ("enter", enter), ("attention", None), ("wo", None),
+               ("leave", leave), ("+x, LayerNorm", None), ("enter", enter), ("MLP w1", None), ("w2", None),
+               ("leave", leave)]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(13, 0.7 * t + 1.6))
+    for c, (name, comm) in enumerate(columns):
+        if comm is not None:
+            ax.add_patch(plt.Rectangle((c + 0.25, -0.05), 0.5, t + 0.1, facecolor="0.85", edgecolor="0.5"))
+            ax.text(c + 0.5, t + 0.25, comm[0], ha="center", va="bottom", fontsize=7)
+            ax.text(c + 0.5, -0.25, f"back: {comm[1]}", ha="center", va="top", fontsize=7, color="0.35")
+            continue
+        for d in range(t):
+            y = t - 1 - d
+            if name in ("x", "LayerNorm", "+x, LayerNorm"):
+                label, share = (f"seq chunk {d}" if sequence_parallel else "whole seq"), 1 / t if \
+                    sequence_parallel else 1.0
+            elif name == "attention":
+                label = f"head {d}" if per == 1 else f"heads {d * per}–{(d + 1) * per - 1}"
+                share = 1 / t
+            elif name == "wo":
+                label, share = "rows → partial", 1 / t
+            elif name == "MLP w1":
+                label, share = f"columns {d + 1}/{t}", 1 / t
+            else:
+                label, share = "rows → partial", 1 / t
+            base = to_rgb(device_color(d))
+            face = tuple(1 - (0.35 + 0.65 * share) * (1 - v) for v in base)
+            ax.add_patch(plt.Rectangle((c + 0.05, y + 0.1), 0.9, 0.8, facecolor=face, edgecolor="black"))
+            ax.text(c + 0.5, y + 0.5, label, ha="center", va="center", fontsize=7)
+        ax.text(c + 0.5, t + 0.25, name, ha="center", va="bottom", fontsize=8, weight="bold")
+    for d in range(t):
+        ax.text(-0.1, t - 1 - d + 0.5, f"device {d}", ha="right", va="center", fontsize=9, color=device_color(d))
+    kind = "tensor + sequence parallelism" if sequence_parallel else "tensor parallelism"
+    ax.set_title(f"One transformer block, {kind} over {t} devices", fontsize=10, pad=18)
+    ax.set_xlim(-1.2, len(columns))
+    ax.set_ylim(-0.8, t + 0.7)
+    ax.axis("off")
+    return ax

@@ -1,1 +1,2 @@
-"""What the lessons train: offline datasets (shipped or generated, never downloaded) and small Keras models."""
+"""What the lessons train: offline datasets (shipped or generated, never downloaded), small Keras models, and a
+tiny GPT (``gpt``) whose block the split versions reuse."""

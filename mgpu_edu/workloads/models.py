@@ -84,3 +84,33 @@ def text_cnn(vocab: int = 1000, length: int = 100, classes: int = 8, seed: int =
         keras.layers.Flatten(),
         keras.layers.Dense(classes, activation="softmax" if softmax_output else None, name="output"),
     ], name="text_cnn")
+
+
+def tiny_gpt(vocab: int = 32, seq_len: int = 16, hidden: int = 32, heads: int = 4, layers: int = 2,
+             seed: int = 0) -> Any:
+    """A tiny decoder-only transformer (:class:`mgpu_edu.gpt.TinyGPT`): token ids [b, s] in, next-token logits out.
+
+    Blocks of LayerNorm, causal multi-head attention and a GELU MLP (4 × hidden), pre-norm, no
+    dropout; same seed, same weights. Small enough for a CPU: the defaults hold 27,840 weights.
+    Runs on logical CPUs as well as GPUs.
+
+    Example:
+        >>> model = tiny_gpt()  # doctest: +SKIP
+        >>> model(tf.zeros([2, 16], tf.int32)).shape  # doctest: +SKIP
+        TensorShape([2, 16, 32])
+    """
+    from mgpu_edu._validate import whole_number
+
+    for name, value in (("vocab", vocab), ("seq_len", seq_len), ("hidden", hidden), ("heads", heads),
+                        ("layers", layers)):
+        whole_number(name, value, minimum=1, maximum=4096, where="tiny_gpt")
+    if hidden % heads:
+        raise BadArgument(f"tiny_gpt: hidden={hidden} must divide into heads={heads} heads of equal width; pick "
+                          f"heads among {[h for h in range(1, hidden + 1) if hidden % h == 0]}.")
+    quiet.import_tensorflow()
+    import keras
+
+    from mgpu_edu.workloads.gpt import TinyGPT
+
+    keras.utils.set_random_seed(seed)
+    return TinyGPT(vocab, seq_len, hidden, heads, layers, name="tiny_gpt")

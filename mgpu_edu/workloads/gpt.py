@@ -1,0 +1,126 @@
+"""A tiny decoder-only transformer (GPT) in Keras 3, and the math of its block as plain functions.
+
+The block is pre-LayerNorm: ``x + attention(LN(x))``, then ``x + MLP(LN(x))``, with causal
+multi-head attention and a GELU MLP of 4 × hidden. Activations inside the blocks are laid out
+``[sequence, batch, hidden]``, as Megatron-LM lays them out, so that sequence parallelism can cut
+them along the first axis. The functions (:func:`layer_norm`, :func:`causal_attention`,
+:func:`block`) are what :class:`TinyGPT` runs and what :mod:`mgpu_edu.tensor` runs on shards of
+the same weights, so a split model can be checked against this one exactly. No dropout: a split
+model must give the same numbers. Runs on logical CPUs as well as GPUs.
+
+Importing this module imports TensorFlow and Keras; ``models.tiny_gpt`` builds the model.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+BLOCK_WEIGHTS = ("ln1_gamma", "ln1_beta", "wq", "wk", "wv", "wo", "bo",
+                 "ln2_gamma", "ln2_beta", "w1", "b1", "w2", "b2")
+
+
+def layer_norm(x: Any, gamma: Any, beta: Any, epsilon: float = 1e-5) -> Any:
+    """LayerNorm over the last axis: each position's hidden vector to mean 0 and variance 1, then scaled and shifted."""
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
+
+
+def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int) -> Any:
+    """Causal multi-head attention of ``x`` ([s, b, hidden]) before its output projection: [s, b, heads·d_head].
+
+    ``wq``, ``wk`` and ``wv`` are [hidden, heads·d_head], their columns grouped head by head, so
+    the first d_head columns are head 0's: a device that holds some heads' columns runs exactly
+    those heads. Position i attends to positions 0…i.
+    """
+    s, b = tf.shape(x)[0], tf.shape(x)[1]
+    width = wq.shape[-1]
+    d_head = width // heads
+
+    def split(w: Any) -> Any:  # [s, b, heads·d] → [b, heads, s, d]
+        return tf.transpose(tf.reshape(tf.matmul(x, w), [s, b, heads, d_head]), [1, 2, 0, 3])
+
+    q, k, v = split(wq), split(wk), split(wv)
+    scores = tf.matmul(q, k, transpose_b=True) / math.sqrt(d_head)
+    future = tf.linalg.band_part(tf.ones([s, s]), 0, -1) - tf.linalg.band_part(tf.ones([s, s]), 0, 0)
+    scores += future * tf.cast(-1e9, scores.dtype)  # position i sees j ≤ i only
+    out = tf.matmul(tf.nn.softmax(scores, axis=-1), v)  # [b, heads, s, d]
+    return tf.reshape(tf.transpose(out, [2, 0, 1, 3]), [s, b, width])
+
+
+def mlp(x: Any, w1: Any, b1: Any, w2: Any) -> Any:
+    """The block's MLP before its output bias: GELU(x·w1 + b1)·w2."""
+    return tf.matmul(tf.nn.gelu(tf.matmul(x, w1) + b1), w2)
+
+
+def block(x: Any, w: dict[str, Any], heads: int) -> Any:
+    """One pre-LayerNorm transformer block on ``x`` ([s, b, hidden]) with weights ``w`` (names: BLOCK_WEIGHTS)."""
+    attended = causal_attention(layer_norm(x, w["ln1_gamma"], w["ln1_beta"]), w["wq"], w["wk"], w["wv"], heads)
+    x = x + tf.matmul(attended, w["wo"]) + w["bo"]
+    return x + mlp(layer_norm(x, w["ln2_gamma"], w["ln2_beta"]), w["w1"], w["b1"], w["w2"]) + w["b2"]
+
+
+class Block(keras.layers.Layer):
+    """A transformer block as a Keras layer: its weights are named as in BLOCK_WEIGHTS."""
+
+    def __init__(self, hidden: int, heads: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hidden, self.heads = hidden, heads
+
+    def build(self, input_shape: Any) -> None:
+        h, normal = self.hidden, keras.initializers.RandomNormal(stddev=0.02)
+        shapes = {"ln1_gamma": (h,), "ln1_beta": (h,), "wq": (h, h), "wk": (h, h), "wv": (h, h), "wo": (h, h),
+                  "bo": (h,), "ln2_gamma": (h,), "ln2_beta": (h,), "w1": (h, 4 * h), "b1": (4 * h,),
+                  "w2": (4 * h, h), "b2": (h,)}
+        for name, shape in shapes.items():
+            init = "ones" if name.endswith("gamma") else "zeros" if len(shape) == 1 else normal
+            setattr(self, name, self.add_weight(shape=shape, initializer=init, name=name))
+
+    def weights_by_name(self) -> dict[str, Any]:
+        """The block's weights as tensors, by name (what :func:`block` and the split versions take)."""
+        return {name: tf.convert_to_tensor(getattr(self, name)) for name in BLOCK_WEIGHTS}
+
+    def call(self, x: Any) -> Any:
+        return block(x, {name: getattr(self, name) for name in BLOCK_WEIGHTS}, self.heads)
+
+
+class TinyGPT(keras.Model):
+    """Token and position embeddings, ``layers`` blocks, a final LayerNorm and a language-model head.
+
+    Takes token ids [batch, sequence] and returns logits [batch, sequence, vocab] for the next
+    token at every position.
+    """
+
+    def __init__(self, vocab: int, seq_len: int, hidden: int, heads: int, layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.vocab, self.seq_len, self.hidden, self.heads = vocab, seq_len, hidden, heads
+        normal = keras.initializers.RandomNormal(stddev=0.02)
+        self.tokens = self.add_weight(shape=(vocab, hidden), initializer=normal, name="token_embedding")
+        self.positions = self.add_weight(shape=(seq_len, hidden), initializer=normal, name="position_embedding")
+        self.blocks = [Block(hidden, heads, name=f"block{i}") for i in range(layers)]
+        self.final_gamma = self.add_weight(shape=(hidden,), initializer="ones", name="final_gamma")
+        self.final_beta = self.add_weight(shape=(hidden,), initializer="zeros", name="final_beta")
+        self.head = self.add_weight(shape=(hidden, vocab), initializer=normal, name="lm_head")
+        for layer in self.blocks:
+            layer.build((seq_len, None, hidden))
+        self.built = True  # every weight exists already
+
+    def embed(self, tokens: Any) -> Any:
+        """Token ids [b, s] → the blocks' input [s, b, hidden]."""
+        s = tf.shape(tokens)[1]
+        x = tf.gather(self.tokens, tokens) + self.positions[:s]
+        return tf.transpose(x, [1, 0, 2])
+
+    def logits(self, x: Any) -> Any:
+        """The blocks' output [s, b, hidden] → logits [b, s, vocab]."""
+        x = layer_norm(x, self.final_gamma, self.final_beta)
+        return tf.transpose(tf.matmul(x, self.head), [1, 0, 2])
+
+    def call(self, tokens: Any) -> Any:
+        x = self.embed(tokens)
+        for layer in self.blocks:
+            x = layer(x)
+        return self.logits(x)

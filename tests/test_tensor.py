@@ -1,0 +1,137 @@
+"""Tensor parallelism of the tiny GPT: outputs, every gradient and the bytes sent, against one device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mgpu_edu import models, quiet, tensor
+
+tf = quiet.import_tensorflow()
+
+
+@pytest.fixture(scope="module")
+def model_and_batch(four_devices):
+    model = models.tiny_gpt(vocab=32, seq_len=16, hidden=32, heads=4, layers=2, seed=3)
+    rng = np.random.default_rng(0)
+    tokens = tf.constant(rng.integers(0, 32, size=(2, 16)), tf.int32)
+    targets = tf.constant(rng.integers(0, 32, size=(2, 16)), tf.int32)
+    return model, tokens, targets, tensor.model_gradients(model, tokens, targets)
+
+
+def reference_slice(name, grad, t, d):
+    """Device d's part of the one-device gradient of ``name``: its columns, its rows, or all of it."""
+    cut = tensor.CUT[name.split("/")[1]] if "/" in name else "copied"
+    if cut == "columns":
+        size = grad.shape[-1] // t
+        return grad[..., d * size:(d + 1) * size]
+    if cut == "rows":
+        size = grad.shape[0] // t
+        return grad[d * size:(d + 1) * size]
+    return grad
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_split_model_equals_one_device(four_devices, model_and_batch, t):
+    model, tokens, targets, (logits, loss, grads) = model_and_batch
+    run = tensor.forward_and_gradients(model, tokens, targets, four_devices[:t])
+    assert run.loss == pytest.approx(loss, rel=1e-6)
+    for d in range(t):
+        np.testing.assert_allclose(run.logits[d].numpy(), logits.numpy(), rtol=1e-5, atol=1e-6)
+        assert set(run.gradients[d]) == set(grads)  # every weight has its gradient on every device
+        for name, grad in run.gradients[d].items():
+            want = reference_slice(name, grads[name].numpy(), t, d)
+            assert grad.shape == want.shape, name
+            np.testing.assert_allclose(grad.numpy(), want, rtol=1e-4, atol=1e-7, err_msg=f"{name} on device {d}")
+        assert all(v.device == run.shards[d]["lm_head"].device for v in run.shards[d].values())  # all on device d
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_bytes_per_block_equal_the_formula(four_devices, model_and_batch, t):
+    model, tokens, targets, _ = model_and_batch
+    run = tensor.forward_and_gradients(model, tokens, targets, four_devices[:t])
+    expected = tensor.formula_bytes_per_block(t, seq=16, batch=2, hidden=32)
+    for block in range(2):
+        for direction in ("forward", "backward"):
+            assert run.log.count(direction, block) == 2  # two all-reduces each way: Megatron's g's, then f's
+            assert run.log.bytes_sent(direction, block) == [expected] * t
+
+
+def test_the_model_is_causal(four_devices, model_and_batch):
+    model, tokens, *_ = model_and_batch
+    changed = tokens.numpy().copy()
+    changed[:, 10:] = (changed[:, 10:] + 1) % 32  # change only positions 10 and later
+    before, after = model(tokens).numpy(), model(tf.constant(changed)).numpy()
+    np.testing.assert_array_equal(before[:, :10], after[:, :10])  # earlier positions see no future token
+    assert not np.allclose(before[:, 10:], after[:, 10:])
+
+
+def test_degrees_that_do_not_divide_are_refused(four_devices, model_and_batch):
+    model, tokens, targets, _ = model_and_batch
+    with pytest.raises(ValueError, match=r"heads=4 doesn't divide by 3\. Pick t among \[1, 2, 4\]"):
+        tensor.forward_and_gradients(model, tokens, targets, four_devices[:3])
+    with pytest.raises(ValueError, match=r"hidden=30 must divide into heads=4"):
+        models.tiny_gpt(hidden=30, heads=4)
+    with pytest.raises(ValueError, match="t=0"):
+        tensor.check_degree(0, 32, 4)
+    with pytest.raises(ValueError, match="empty list"):
+        tensor.forward_and_gradients(model, tokens, targets, [])
+
+
+def test_shards_put_back_together_are_the_block(model_and_batch):
+    model, *_ = model_and_batch
+    weights = {n: w.numpy() for n, w in model.blocks[0].weights_by_name().items()}
+    shards = tensor.shard_block(weights, 4, heads=4)
+    for name, whole in weights.items():
+        cut = tensor.CUT[name]
+        if cut == "copied":
+            assert all(np.array_equal(s[name], whole) for s in shards)
+        else:
+            axis = -1 if cut == "columns" else 0
+            np.testing.assert_array_equal(np.concatenate([s[name] for s in shards], axis=axis), whole)
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_sequence_parallel_model_equals_one_device(four_devices, model_and_batch, t):
+    model, tokens, targets, (logits, loss, grads) = model_and_batch
+    run = tensor.forward_and_gradients(model, tokens, targets, four_devices[:t], sequence_parallel=True)
+    assert run.loss == pytest.approx(loss, rel=1e-5)
+    assert [tuple(x.shape) for x in run.logits] == [(2, 16 // t, 32)] * t  # each device: its chunk of the sequence
+    np.testing.assert_allclose(run.whole_logits().numpy(), logits.numpy(), rtol=1e-5, atol=1e-6)
+    for d in range(t):
+        for name, grad in run.gradients[d].items():
+            want = reference_slice(name, grads[name].numpy(), t, d)
+            np.testing.assert_allclose(grad.numpy(), want, rtol=1e-4, atol=1e-7, err_msg=f"{name} on device {d}")
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_sequence_parallel_sends_what_tensor_parallel_sends(four_devices, model_and_batch, t):
+    model, tokens, targets, _ = model_and_batch
+    run = tensor.forward_and_gradients(model, tokens, targets, four_devices[:t], sequence_parallel=True)
+    expected = tensor.formula_bytes_per_block(t, seq=16, batch=2, hidden=32)
+    for block in range(2):
+        for direction in ("forward", "backward"):
+            assert run.log.count(direction, block) == 4  # two all-gathers and two reduce-scatters each way
+            assert run.log.bytes_sent(direction, block) == [expected] * t
+    kinds = {trace.algorithm for way, block, _, trace in run.log.records if block >= 0}
+    assert kinds == {"all_gather", "reduce_scatter"}
+
+
+def test_sequence_that_does_not_divide_is_refused(four_devices, model_and_batch):
+    model, tokens, targets, _ = model_and_batch
+    with pytest.raises(ValueError, match=r"sequence length 15 doesn't divide by 2"):
+        tensor.forward_and_gradients(model, tokens[:, :15], targets[:, :15], four_devices[:2], sequence_parallel=True)
+
+
+def test_the_block_picture_names_each_devices_share():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mgpu_edu import viz
+
+    ax = viz.draw_tensor_parallel_block(4, heads=8, sequence_parallel=True)
+    texts = {text.get_text() for text in ax.texts}
+    assert {"heads 0–1", "heads 6–7", "seq chunk 3", "columns 4/4", "back: all-gather", "reduce-scatter"} <= texts
+    assert "whole seq" in {text.get_text() for text in viz.draw_tensor_parallel_block(2).texts}
+    with pytest.raises(ValueError, match="heads=4 doesn't divide by t=3"):
+        viz.draw_tensor_parallel_block(3)
