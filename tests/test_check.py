@@ -588,3 +588,33 @@ def test_reduce_scatter_function(four_devices, variant, status_, hint):
 def test_reduce_scatter_function_unsolved_and_not_a_function(four_devices):
     assert check.reduce_scatter_function(None, four_devices).status == "unsolved"
     assert "no parentheses" in check.reduce_scatter_function(3, four_devices).message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (2 * 2 * 7 / 8 * 2048 * 4096 * 2, "correct", "two ring all-reduces"),
+    (2 * 7 / 8 * 2048 * 4096 * 2, "wrong", "one all-reduce"),
+    (4 * 2048 * 4096 * 2, "wrong", "(t−1)/t"),
+    (2 * 2 * 7 / 8 * 2048 * 4096 * 4, "wrong", "4 bytes a value"),
+    (4 * 2 * 7 / 8 * 2048 * 4096 * 2, "wrong", "the backward pass too"),
+    (5, "wrong", "count the block's all-reduces"),
+    (None, "unsolved", "number of bytes"),
+])
+def test_tp_block_bytes(answer, status_, hint):
+    feedback = check.tp_block_bytes(answer, t=8, seq=2048, batch=1, hidden=4096)
+    assert feedback.status == status_ and hint in feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    ((12 * 64 * 64 + 4 * 64) // 4 + 6 * 64, "correct", "plus all 384 copied"),
+    ((12 * 64 * 64 + 10 * 64) // 4, "wrong", "splits everything"),
+    ((12 * 64 * 64 + 4 * 64) // 4, "wrong", "leaves out the 384 copied"),
+    (12 * 64 * 64 // 4 + 6 * 64, "wrong", "leaves b1 out"),
+    ((12 * 64 * 64 + 6 * 64) // 4 + 4 * 64, "wrong", "splits bo and b2"),
+    (12 * 64 * 64 // 4 + 10 * 64, "wrong", "that copies b1"),
+    (12 * 64 * 64 + 10 * 64, "wrong", "the whole block"),
+    (2.5, "wrong", "whole number"),
+    (None, "unsolved", "number of weights"),
+])
+def test_block_weights_per_device(answer, status_, hint):
+    feedback = check.block_weights_per_device(answer, hidden=64, t=4)
+    assert feedback.status == status_ and hint in feedback.message, feedback

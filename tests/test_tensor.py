@@ -131,7 +131,8 @@ def test_the_block_picture_names_each_devices_share():
 
     ax = viz.draw_tensor_parallel_block(4, heads=8, sequence_parallel=True)
     texts = {text.get_text() for text in ax.texts}
-    assert {"heads 0–1", "heads 6–7", "seq chunk 3", "columns 4/4", "back: all-gather", "reduce-scatter"} <= texts
+    assert {"heads 0–1\nwhole seq", "heads 6–7\nwhole seq", "seq chunk 3", "columns 4/4\nwhole seq",
+            "back: all-gather", "reduce-scatter"} <= texts
     assert "whole seq" in {text.get_text() for text in viz.draw_tensor_parallel_block(2).texts}
     with pytest.raises(ValueError, match="heads=4 doesn't divide by t=3"):
         viz.draw_tensor_parallel_block(3)

@@ -830,3 +830,48 @@ def reduce_scatter_function(fn: Any, devices: Any) -> Feedback:
     return _report("correct", f"chunk i of the sum on device i, for {n} devices and 7 uneven rows. Built from an "
                               "all-reduce, it moves 2(N−1)/N·S per device, twice what a real reduce-scatter sends: "
                               "every device receives finished sums it then throws away.")
+
+
+def tp_block_bytes(answer: Any, t: int, seq: int, batch: int, hidden: int, itemsize: int = 2) -> Feedback:
+    """Lesson 13, exercise 1: bytes each device sends in one block's forward pass under tensor parallelism."""
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
+    activation = seq * batch * hidden * itemsize
+    expected = 2 * 2 * (t - 1) / t * activation
+    return _judge(answer, expected, f"{expected:,.0f} bytes: two ring all-reduces (after attention, after the MLP) "
+                  f"of the block's {activation:,} bytes of activations, 2(t−1)/t of it each. The backward pass "
+                  "sends as much again.", [
+                      (expected / 2, "that is half of it: one all-reduce (a block has two, after attention and "
+                                     "after the MLP), or (t−1)/t of the activations per all-reduce instead of the "
+                                     "ring's 2(t−1)/t."),
+                      (2 * 2 * activation, "that leaves out the ring's (t−1)/t: a device doesn't send the chunk it "
+                                           "keeps."),
+                      (4 * 2 * (t - 1) / t * activation, "that is twice it: the backward pass too, or 4 bytes a "
+                                                         f"value. The question asks for the forward pass, at "
+                                                         f"{itemsize} bytes a value.")],
+                  ". Each all-reduce moves 2(t−1)/t of s·b·h values per device; count the block's all-reduces.",
+                  abs_tol=0.5)
+
+
+def block_weights_per_device(answer: Any, hidden: int, t: int) -> Feedback:
+    """Lesson 13, exercise 2: how many of one block's weights each of t tensor-parallel devices holds."""
+    early, answer = _read_number(answer, "set `answer` to a whole number of weights.", "a number of weights",
+                                 whole=True)
+    if early is not None:
+        return early
+    h = hidden
+    split, copied = 12 * h * h + 4 * h, 6 * h  # wq wk wv wo w1 w2 and b1; the LayerNorms, bo and b2
+    expected = split // t + copied
+    return _judge(answer, expected, f"{expected:,}: 1/{t} of the {split:,} split weights (wq, wk, wv, wo, w1, w2 "
+                  f"and b1) plus all {copied} copied ones (two LayerNorms, bo, b2).", [
+                      ((split + copied) // t, f"that splits everything. The LayerNorms and the biases added after "
+                                              f"an all-reduce (bo, b2) are copied: {copied} weights on every device."),
+                      (split // t, f"that leaves out the {copied} copied weights: two LayerNorms (4·h), bo and b2."),
+                      (12 * h * h // t + copied, "that leaves b1 out: it is cut with w1's columns, 4·h/t each."),
+                      ((split + 2 * h) // t + 4 * h, "that splits bo and b2 with the rows of wo and w2. They are added "
+                                                     "after the all-reduce, once, so every device holds them whole."),
+                      (12 * h * h // t + copied + 4 * h, "that copies b1. It belongs to w1's columns: each device adds "
+                                                         "only its own 4·h/t units' biases before GELU."),
+                      (split + copied, "that is the whole block: each device holds a slice.")],
+                  ". Count each weight of the block, then divide only the ones that are cut.")

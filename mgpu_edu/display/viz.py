@@ -522,7 +522,7 @@ def draw_tensor_parallel_block(t: int, heads: int = 4, sequence_parallel: bool =
     for c, (name, comm) in enumerate(columns):
         if comm is not None:
             ax.add_patch(plt.Rectangle((c + 0.25, -0.05), 0.5, t + 0.1, facecolor="0.85", edgecolor="0.5"))
-            ax.text(c + 0.5, t + 0.25, comm[0], ha="center", va="bottom", fontsize=7)
+            ax.text(c + 0.5, t + 0.65, comm[0], ha="center", va="bottom", fontsize=7)
             ax.text(c + 0.5, -0.25, f"back: {comm[1]}", ha="center", va="top", fontsize=7, color="0.35")
             continue
         for d in range(t):
@@ -532,11 +532,12 @@ def draw_tensor_parallel_block(t: int, heads: int = 4, sequence_parallel: bool =
                     sequence_parallel else 1.0
             elif name == "attention":
                 label = f"head {d}" if per == 1 else f"heads {d * per}–{(d + 1) * per - 1}"
+                label += "\nwhole seq" if sequence_parallel else ""
                 share = 1 / t
             elif name == "wo":
                 label, share = "rows → partial", 1 / t
             elif name == "MLP w1":
-                label, share = f"columns {d + 1}/{t}", 1 / t
+                label, share = f"columns {d + 1}/{t}" + ("\nwhole seq" if sequence_parallel else ""), 1 / t
             else:
                 label, share = "rows → partial", 1 / t
             base = to_rgb(device_color(d))
@@ -549,6 +550,6 @@ def draw_tensor_parallel_block(t: int, heads: int = 4, sequence_parallel: bool =
     kind = "tensor + sequence parallelism" if sequence_parallel else "tensor parallelism"
     ax.set_title(f"One transformer block, {kind} over {t} devices", fontsize=10, pad=18)
     ax.set_xlim(-1.2, len(columns))
-    ax.set_ylim(-0.8, t + 0.7)
+    ax.set_ylim(-0.8, t + 1.0)
     ax.axis("off")
     return ax

@@ -95,7 +95,8 @@ def shard_block(weights: dict[str, Any], t: int, heads: int) -> list[dict[str, A
 
 
 def copy_to_region(xs: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
-    """Megatron's f: forward, each device keeps its (equal) copy; backward, the copies' gradients are all-reduced."""
+    """Megatron's f (its code: copy_to_tensor_model_parallel_region): forward, each device keeps its (equal) copy;
+    backward, the copies' gradients are all-reduced."""
     tf = quiet.import_tensorflow()
 
     @tf.custom_gradient
@@ -119,7 +120,8 @@ def copy_to_region(xs: Sequence[Any], log: CommLog, block: int, what: str) -> li
 
 
 def reduce_from_region(partials: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
-    """Megatron's g: forward, the partial outputs are all-reduced; backward, each device passes its gradient on."""
+    """Megatron's g (its code: reduce_from_tensor_model_parallel_region; Korthikanti et al. call it f̄): forward,
+    the partial outputs are all-reduced; backward, each device passes its gradient on."""
     tf = quiet.import_tensorflow()
 
     @tf.custom_gradient
@@ -144,7 +146,7 @@ def gather_into_region(chunks: Sequence[Any], log: CommLog, block: int, what: st
     tf = quiet.import_tensorflow()
 
     @tf.custom_gradient
-    def g_bar(*pieces: Any) -> Any:
+    def g(*pieces: Any) -> Any:  # the paper's g: all-gather forward
         whole, trace = collectives.all_gather(list(pieces), trace=True)
         log.records.append(("forward", block, what, trace))
 
@@ -159,7 +161,7 @@ def gather_into_region(chunks: Sequence[Any], log: CommLog, block: int, what: st
 
         return whole, grad
 
-    return list(g_bar(*chunks))
+    return list(g(*chunks))
 
 
 def scatter_from_region(partials: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
@@ -167,7 +169,7 @@ def scatter_from_region(partials: Sequence[Any], log: CommLog, block: int, what:
     tf = quiet.import_tensorflow()
 
     @tf.custom_gradient
-    def g(*ys: Any) -> Any:
+    def g_bar(*ys: Any) -> Any:  # the paper's ḡ: reduce-scatter forward
         chunks, trace = collectives.reduce_scatter(list(ys), trace=True)
         log.records.append(("forward", block, what, trace))
 
@@ -182,7 +184,7 @@ def scatter_from_region(partials: Sequence[Any], log: CommLog, block: int, what:
 
         return chunks, grad
 
-    return list(g(*partials))
+    return list(g_bar(*partials))
 
 
 def parallel_block(xs: Sequence[Any], shards: Sequence[dict[str, Any]], heads: int, log: CommLog,
@@ -237,6 +239,8 @@ class SplitRun:
     log: CommLog
     shards: list[dict[str, Any]]
     sequence_parallel: bool = False
+    #: bytes of each block's input that each device holds: block_inputs[i][d] (what full recomputation keeps)
+    block_inputs: list[list[int]] = dataclasses.field(default_factory=list)
 
     def whole_logits(self) -> Any:
         """Device 0's logits, or with sequence parallelism every device's chunk put together: [b, s, vocab]."""
@@ -317,7 +321,9 @@ def forward_and_gradients(model: Any, tokens: Any, targets: Any, devices: Sequen
                 w, (start, end) = copies[d], spans[d]
                 x = tf.gather(w["token_embedding"], tokens[:, start:end]) + w["position_embedding"][start:end]
                 xs.append(tf.transpose(x, [1, 0, 2]))
+        block_inputs = []
         for i in range(len(model.blocks)):
+            block_inputs.append([int(tf.size(x)) * x.dtype.size for x in xs])
             shards = [{n: copies[d][f"block{i}/{n}"] for n in gpt.BLOCK_WEIGHTS} for d in range(t)]
             xs = parallel_block(xs, shards, model.heads, log, block=i, sequence_parallel=sequence_parallel)
         logits, losses = [], []
@@ -347,7 +353,7 @@ def forward_and_gradients(model: Any, tokens: Any, targets: Any, devices: Sequen
                 for d in range(t):
                     gradients[d][name] = summed[d]
     loss = float(tf.add_n([tf.identity(x) for x in losses])) if sequence_parallel else float(losses[0])
-    return SplitRun(logits, loss, gradients, log, [dict(c) for c in copies], sequence_parallel)
+    return SplitRun(logits, loss, gradients, log, [dict(c) for c in copies], sequence_parallel, block_inputs)
 
 
 def formula_bytes_per_block(t: int, seq: int, batch: int, hidden: int, itemsize: int = 4) -> float:

@@ -16,8 +16,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import keras
-import tensorflow as tf
+from mgpu_edu.runtime import quiet
+
+tf = quiet.import_tensorflow()  # TensorFlow first, with its start-up logs kept quiet
+
+import keras  # noqa: E402  (after TensorFlow, so that Keras finds its backend quietly)
 
 BLOCK_WEIGHTS = ("ln1_gamma", "ln1_beta", "wq", "wk", "wv", "wo", "bo",
                  "ln2_gamma", "ln2_beta", "w1", "b1", "w2", "b2")
