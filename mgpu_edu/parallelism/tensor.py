@@ -94,97 +94,75 @@ def shard_block(weights: dict[str, Any], t: int, heads: int) -> list[dict[str, A
     return pieces
 
 
-def copy_to_region(xs: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
-    """Megatron's f (its code: copy_to_tensor_model_parallel_region): forward, each device keeps its (equal) copy;
-    backward, the copies' gradients are all-reduced."""
+def placed_like(values: Sequence[Any], like: Sequence[Any]) -> list[Any]:
+    """``values[d]`` on the device of ``like[d]``: TensorFlow may build a gradient on its default device."""
+    tf = quiet.import_tensorflow()
+    out = []
+    for ref, value in zip(like, values, strict=True):
+        with tf.device(ref.device):
+            out.append(tf.identity(value))
+    return out
+
+
+def _unchanged(values: list[Any]) -> tuple[list[Any], None]:
+    return placed_like(values, values), None
+
+
+def _traced(collective: Any) -> Any:
+    return lambda values: collective(values, trace=True)
+
+
+def region_operator(xs: Sequence[Any], forward: Any, backward: Any, log: CommLog, block: int,
+                    what: str) -> list[Any]:
+    """One operator at a split region's edge, on one tensor per device: ``forward`` going in, ``backward`` coming back.
+
+    Each of the two takes one tensor per device and returns ``(results, trace)``, trace None when
+    nothing is sent; every trace goes into ``log``. The four operators below are this one with
+    different pairs: identity and all-reduce (f), all-reduce and identity (g), all-gather and
+    reduce-scatter, reduce-scatter and all-gather.
+    """
     tf = quiet.import_tensorflow()
 
     @tf.custom_gradient
-    def f(*copies: Any) -> Any:
-        def grad(*upstream: Any) -> Any:
-            mine = []  # TensorFlow may build a gradient on its default device: each goes back to its own first
-            for x, dy in zip(copies, upstream, strict=True):
-                with tf.device(x.device):
-                    mine.append(tf.identity(dy))
-            summed, trace = collectives.all_reduce(mine, trace=True)
-            log.records.append(("backward", block, what, trace))
-            return summed
+    def operator(*inputs: Any) -> Any:
+        outputs, trace = forward(list(inputs))
+        if trace is not None:
+            log.records.append(("forward", block, what, trace))
 
-        outputs = []
-        for x in copies:
-            with tf.device(x.device):
-                outputs.append(tf.identity(x))
+        def grad(*upstream: Any) -> Any:
+            gradients, back = backward(placed_like(upstream, outputs))
+            if back is not None:
+                log.records.append(("backward", block, what, back))
+            return gradients
+
         return outputs, grad
 
-    return list(f(*xs))
+    return list(operator(*xs))
+
+
+def copy_to_region(xs: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
+    """Megatron's f (its code: copy_to_tensor_model_parallel_region): forward, each device keeps its (equal) copy;
+    backward, the copies' gradients are all-reduced."""
+    return region_operator(xs, _unchanged, _traced(collectives.all_reduce), log, block, what)
 
 
 def reduce_from_region(partials: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
     """Megatron's g (its code: reduce_from_tensor_model_parallel_region; Korthikanti et al. call it f̄): forward,
     the partial outputs are all-reduced; backward, each device passes its gradient on."""
-    tf = quiet.import_tensorflow()
-
-    @tf.custom_gradient
-    def g(*ys: Any) -> Any:
-        summed, trace = collectives.all_reduce(list(ys), trace=True)
-        log.records.append(("forward", block, what, trace))
-
-        def grad(*upstream: Any) -> Any:
-            outputs = []
-            for y, dy in zip(ys, upstream, strict=True):
-                with tf.device(y.device):
-                    outputs.append(tf.identity(dy))
-            return outputs
-
-        return summed, grad
-
-    return list(g(*partials))
+    return region_operator(partials, _traced(collectives.all_reduce), _unchanged, log, block, what)
 
 
 def gather_into_region(chunks: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
-    """Sequence parallelism's entry (Korthikanti et al. 2022): all-gather the sequence forward, reduce-scatter back."""
-    tf = quiet.import_tensorflow()
-
-    @tf.custom_gradient
-    def g(*pieces: Any) -> Any:  # the paper's g: all-gather forward
-        whole, trace = collectives.all_gather(list(pieces), trace=True)
-        log.records.append(("forward", block, what, trace))
-
-        def grad(*upstream: Any) -> Any:
-            mine = []
-            for x, dy in zip(pieces, upstream, strict=True):
-                with tf.device(x.device):
-                    mine.append(tf.identity(dy))
-            chunks, back = collectives.reduce_scatter(mine, trace=True)
-            log.records.append(("backward", block, what, back))
-            return chunks
-
-        return whole, grad
-
-    return list(g(*chunks))
+    """Sequence parallelism's entry, the paper's g: all-gather the sequence forward, reduce-scatter back."""
+    return region_operator(chunks, _traced(collectives.all_gather), _traced(collectives.reduce_scatter), log,
+                           block, what)
 
 
 def scatter_from_region(partials: Sequence[Any], log: CommLog, block: int, what: str) -> list[Any]:
-    """Sequence parallelism's exit: forward, reduce-scatter the partial outputs by sequence; backward, all-gather."""
-    tf = quiet.import_tensorflow()
-
-    @tf.custom_gradient
-    def g_bar(*ys: Any) -> Any:  # the paper's ḡ: reduce-scatter forward
-        chunks, trace = collectives.reduce_scatter(list(ys), trace=True)
-        log.records.append(("forward", block, what, trace))
-
-        def grad(*upstream: Any) -> Any:
-            mine = []
-            for y, dy in zip(chunks, upstream, strict=True):
-                with tf.device(y.device):
-                    mine.append(tf.identity(dy))
-            whole, back = collectives.all_gather(mine, trace=True)
-            log.records.append(("backward", block, what, back))
-            return whole
-
-        return chunks, grad
-
-    return list(g_bar(*partials))
+    """Sequence parallelism's exit, the paper's ḡ: reduce-scatter the partial outputs by sequence forward,
+    all-gather back."""
+    return region_operator(partials, _traced(collectives.reduce_scatter), _traced(collectives.all_gather), log,
+                           block, what)
 
 
 def parallel_block(xs: Sequence[Any], shards: Sequence[dict[str, Any]], heads: int, log: CommLog,
@@ -344,10 +322,7 @@ def forward_and_gradients(model: Any, tokens: Any, targets: Any, devices: Sequen
     if sequence_parallel and t > 1:  # each copy saw its chunk only: sum the copies' gradients
         for name in names[0]:
             if "/" not in name or CUT[name.split("/")[1]] == "copied":
-                mine = []  # TensorFlow may leave a gradient on its default device: each goes back to its own
-                for d, device in enumerate(devices):
-                    with tf.device(device):
-                        mine.append(tf.identity(gradients[d][name]))
+                mine = placed_like([gradients[d][name] for d in range(t)], [copies[d][name] for d in range(t)])
                 summed, trace = collectives.all_reduce(mine, trace=True)
                 log.records.append(("backward", -1, f"gradient of copied {name}", trace))
                 for d in range(t):
