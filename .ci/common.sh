@@ -1,13 +1,15 @@
-# Sourced by the .ci/env-* scripts: make a fresh virtual environment and install into it quietly.
-# (This machine's pip configuration prints "WARNING: Location '...' is ignored: it is neither a file
-# nor a directory." for mirror folders it lacks; exactly those lines are dropped, everything else pip
-# says is kept, and pip's status counts.)
-fresh_venv() {  # fresh_venv PYTHON DIR
+# Sourced by the .ci/env-* scripts: make a fresh virtual environment and install into it quietly, with uv.
+fresh_venv() {  # fresh_venv PYTHON DIR: a virtual environment (with pip: tests and learners use it), pip upgraded
   "$1" -m venv --clear "$2"
   VENV="$2"
+  UV="$(.ci/uv)"
   pip_install --upgrade pip
 }
-pip_install() {
+pip_install() {  # what `pip install` would install, installed by uv (.ci/uv says why)
+  "$UV" pip install --quiet --python "$VENV/bin/python" "$@"
+}
+real_pip() {  # pip itself, where what pip does is the thing tested (a learner's %pip install). This machine's pip
+  # configuration warns "Location '...' is ignored" for mirror folders it lacks: exactly those lines are dropped.
   "$VENV/bin/python" -m pip install --quiet "$@" \
     2> >(grep -Ev "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$" >&2)
 }

@@ -100,7 +100,8 @@ def _sample(proc: psutil.Process, stop: threading.Event, samples: list[tuple[flo
         stop.wait(0.05)
 
 
-def run_suite(paths: list[Path], busy: bool = False, whole: bool = False) -> tuple[list[dict], float, dict]:
+def run_suite(paths: list[Path], busy: bool = False, whole: bool = False,
+              ignore: tuple[str, ...] = ()) -> tuple[list[dict], float, dict]:
     """Run the lessons under nbval in one pytest process, as CI runs them; return a row per lesson
     (time, kernel peak, all processes' peak, outcome) and the whole run's wall time.
 
@@ -112,12 +113,14 @@ def run_suite(paths: list[Path], busy: bool = False, whole: bool = False) -> tup
     a lesson runs on a shared machine, and whether it still passes. With ``whole``, the pytest process runs
     every test (pyproject's testpaths: the unit tests, then the lessons), as ``make test-main`` does, and
     the lesson rows are taken from that run; the third value then gives each test file's summed time and
-    the pytest exit status."""
+    the pytest exit status. ``ignore`` names test files the whole run leaves to another (make test runs them
+    on its other track)."""
     timing = ROOT / "build" / "budgets" / "lesson-timing.json"
     timing.parent.mkdir(parents=True, exist_ok=True)
     timing.unlink(missing_ok=True)
     command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "lesson_timing",
-               *(["--durations=15"] if whole else ["-q", *(str(path.relative_to(ROOT)) for path in paths)])]
+               *(["--durations=15", *(f"--ignore={path}" for path in ignore)] if whole
+                 else ["-q", *(str(path.relative_to(ROOT)) for path in paths)])]
     if busy:
         command = [sys.executable, str(ROOT / "benchmarks" / "bursty_load.py"), "--", *command]
     env = {**os.environ, "MGPU_EDU_TIMING_FILE": str(timing),
@@ -262,6 +265,8 @@ def main() -> int:
     parser.add_argument("--tests", action="store_true",
                         help="run every test, the lessons included (what make test-main does), and take the lessons' "
                         "rows from that run, with each test file's time")
+    parser.add_argument("--ignore", action="append", default=[], metavar="PATH",
+                        help="with --tests: leave this test file out (make test runs it on its other track)")
     parser.add_argument("--busy", action="store_true",
                         help="run the lessons while other processes keep the cores busy in bursts (bursty_load.py): "
                         "every lesson must still pass; times are reported, not held to the budget")
@@ -275,7 +280,9 @@ def main() -> int:
     if args.tests and (args.lessons or args.busy):
         parser.error("--tests runs every test and every lesson, unloaded: give no lesson numbers and no --busy")
     reference = [time_import(HOST_REFERENCE, repeats=3)[0]]  # the host's speed, before and after the suite
-    rows, suite_seconds, run = run_suite(paths, busy=args.busy, whole=args.tests)
+    if args.ignore and not args.tests:
+        parser.error("--ignore leaves test files out of --tests' run: give --tests too")
+    rows, suite_seconds, run = run_suite(paths, busy=args.busy, whole=args.tests, ignore=tuple(args.ignore))
     if args.tests:  # the lessons' sum: pytest's start and the unit tests are the whole run's
         suite_seconds = round(sum(row["seconds"] for row in rows), 1)
     reference.append(time_import(HOST_REFERENCE, repeats=3)[0])

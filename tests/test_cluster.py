@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -62,8 +63,7 @@ def test_dead_worker_is_a_clear_error_not_a_hang():
         pids = job.pids
     assert time.monotonic() - start < 30
     assert not any(alive(pid) for pid in pids)  # the healthy worker was stopped too
-    assert job.log_dir.exists()  # a failure keeps the logs for reading
-    shutil.rmtree(job.log_dir)
+    assert not job.log_dir.exists()  # the error carried the log's last lines; caught here, nothing is left
 
 
 def test_time_limit_stops_everyone():
@@ -72,7 +72,7 @@ def test_time_limit_stops_everyone():
             job.wait(timeout=2)
         pids = job.pids
     assert not any(alive(pid) for pid in pids)
-    shutil.rmtree(job.log_dir)
+    assert not job.log_dir.exists()
 
 
 def test_error_inside_the_block_kills_workers():
@@ -155,13 +155,22 @@ def test_bad_arguments():
         staleness.stale_sgd(-1)
 
 
-def test_ports_must_match_workers_and_logs_are_cleaned_up():
+def test_ports_must_match_workers_and_logs_are_cleaned_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the clusters' log folders go here
     with pytest.raises(ValueError, match="2 ports for 3 workers"):
         cluster.LocalCluster(SLEEPER, workers=3, ports=[1, 2])
+    with pytest.raises(ValueError, match="worker=2"):
+        cluster.LocalCluster(SLEEPER, workers=2).kill(2)  # never started: no log folder made
     with cluster.LocalCluster(SLEEPER, workers=2, args=["done"]) as job:
         job.wait(timeout=30)
-        log_dir = job.log_dir
-    assert not log_dir.exists()
+    with cluster.LocalCluster(SLEEPER, workers=1, args=["sleep", "60"]) as job:  # a failure caught inside
+        with pytest.raises(TimeoutError, match="Logs are in"):
+            job.wait_for("never", timeout=0.5)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TimeoutError):  # a failure that leaves the block keeps the logs its message cites
+        with cluster.LocalCluster(SLEEPER, workers=1, args=["sleep", "60"]) as job:
+            job.wait_for("never", timeout=0.5)
+    assert list(tmp_path.iterdir()) == [job.log_dir] and (job.log_dir / "worker0.log").exists()
 
 
 @pytest.mark.skipif(not cluster.network_isolation_available(), reason="needs Linux user namespaces")

@@ -289,7 +289,7 @@ def _allreduce_tf(tensors: Sequence[Any], algorithm: str, trace: bool, **options
     tensors = check_tensors(tensors, f"{algorithm}_allreduce")
     ops = TensorFlowOps([t.device for t in tensors])
     chunks, schedule = _SCHEDULES[algorithm](len(tensors), **options)
-    sizes = shard_sizes(int(tf.size(tensors[0])), chunks)
+    sizes = shard_sizes(tensors[0].shape.num_elements(), chunks)  # static: runs eagerly and traced
     values = []
     for d, tensor in enumerate(tensors):
         with tf.device(ops.devices[d]):  # everything but the sends stays on each tensor's own device
