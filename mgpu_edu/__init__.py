@@ -44,9 +44,9 @@ __version__ = "0.1.0"
 MODULES = {
     **dict.fromkeys(("cluster", "devices", "env", "processes", "quiet", "renames", "strategies"), "runtime"),
     **dict.fromkeys(("data", "gpt", "models"), "workloads"),
-    **dict.fromkeys(("allreduce", "collectives", "mirrored", "parallel", "pipeline", "sharding", "staleness",
-                    "tensor"), "parallelism"),
-    **dict.fromkeys(("costmodel", "memory", "perf", "recovery", "tradeoffs"), "analysis"),
+    **dict.fromkeys(("allreduce", "collectives", "context", "experts", "mirrored", "parallel", "pipeline", "sharding",
+                    "staleness", "tensor"), "parallelism"),
+    **dict.fromkeys(("costmodel", "graphs", "memory", "perf", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
     **dict.fromkeys(("assignments", "cli", "doctor", "markers", "preprocessors"), "course"),
 }

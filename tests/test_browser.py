@@ -362,12 +362,32 @@ def test_scaling_simulator_in_jupyterlab(lab, tmp_path):
 
 
 #: Each widget the manifest lists, and the browser test above that drives it in its lesson.
+@pytest.mark.parametrize("lab", ["14_context_expert.ipynb"], indirect=True)
+def test_expert_load_in_jupyterlab(lab, tmp_path):
+    """Lesson 14's expert load: the capacity-factor slider and the top-k toggle each redraw the bars and restate
+    the capacity, as experts.capacity computes it for the lesson's 64 tokens and 8 experts."""
+    from mgpu_edu import experts
+
+    with _lesson_widget(lab, "14_context_expert.ipynb", ".mgpu-experts", "expert load", tmp_path) as (page, load):
+        factor = float(_readout(load, "capacity factor"))
+        _redraw(page, load, _press(page, load, "capacity factor", "ArrowRight"))
+        assert float(_readout(load, "capacity factor")) == factor + 0.25
+        _shows(page, load, f"⌈{factor + 0.25:g} · 1 · 64 / 8⌉ = {experts.capacity(64, 8, 1, factor + 0.25)}")
+        two = load.locator(".widget-toggle-buttons button", has_text="2")
+        _redraw(page, load, two.click)
+        after = _shows(page, load, f"⌈{factor + 0.25:g} · 2 · 64 / 8⌉ = {experts.capacity(64, 8, 2, factor + 0.25)}")
+        if RESULTS_DIR:
+            load.screenshot(path=str(Path(RESULTS_DIR) / "expert-load.png"))
+    assert "of 128 token choices dropped" in after
+
+
 DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
           "CollectiveStepper": test_collective_stepper_in_jupyterlab,
           "ReplicaBatchExplorer": test_explorer_in_jupyterlab,
           "PipelineExplorer": test_pipeline_explorer_in_jupyterlab,
           "ScalingSimulator": test_scaling_simulator_in_jupyterlab,
-          "MemoryCalculator": test_memory_calculator_redraws_in_jupyterlab}
+          "MemoryCalculator": test_memory_calculator_redraws_in_jupyterlab,
+          "ExpertLoad": test_expert_load_in_jupyterlab}
 
 
 def test_every_widget_a_lesson_shows_is_driven_in_the_browser():

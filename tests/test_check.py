@@ -618,3 +618,58 @@ def test_tp_block_bytes(answer, status_, hint):
 def test_block_weights_per_device(answer, status_, hint):
     feedback = check.block_weights_per_device(answer, hidden=64, t=4)
     assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+_RING = 7 * 2 * 1 * 32 * 4096 * 128 * 2  # N−1 steps × (keys + values) × b·heads·(s/N)·head_dim × 2 bytes
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (_RING, "correct", "N−1 = 7 steps"),
+    (float(_RING), "correct", "N−1 = 7 steps"),
+    (_RING // 2, "wrong", "the keys only"),
+    (_RING // 7 * 8, "wrong", "that is N steps"),
+    (_RING * 8, "wrong", "the total over all 8 GPUs"),
+    (_RING * 3 // 2, "wrong", "the queries too"),
+    (_RING * 2, "wrong", "4 bytes a value"),
+    (3, "wrong", "Count the steps"),
+    (None, "unsolved", "number of bytes"),
+])
+def test_ring_attention_bytes(answer, status_, hint):
+    feedback = check.ring_attention_bytes(answer, n=8, batch=1, heads=32, seq=32768, head_dim=128)
+    assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+@pytest.mark.parametrize(("fn", "status_", "hint"), [
+    (lambda d, n: [d, 2 * n - 1 - d], "correct", "2N+1 causal chunk products"),
+    (lambda d, n: (2 * n - 1 - d, d), "correct", "2N+1"),  # any order, a tuple
+    (lambda d, n: {d, 2 * n - 1 - d}, "correct", "2N+1"),  # a set will do
+    (lambda d, n: d, "wrong", "return the two chunk numbers"),
+    (lambda d, n: [2 * d, 2 * d + 1], "wrong", "neighbouring chunks"),
+    (lambda d, n: [d, n - 1 - d], "wrong", "2N chunks"),
+    (lambda d, n: [d, d + n], "wrong", "its mirror from the end"),
+    (lambda d, n: 1 / 0, "wrong", "raised ZeroDivisionError"),
+    (lambda d, n: ..., "unsolved", "still returns"),
+    (None, "unsolved", "define `zigzag"),
+    (3, "wrong", "no parentheses"),
+])
+def test_zigzag_function(fn, status_, hint):
+    feedback = check.zigzag_function(fn)
+    assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (12, "correct", "18 slots"),
+    (12.0, "correct", "18 slots"),
+    (21, "wrong", "leaves k out"),
+    (14, "wrong", "ignores the capacity factor: an expert"),
+    (22, "wrong", "ignores the capacity factor and k"),
+    (13, "wrong", "rounds up"),
+    (18, "wrong", "number of slots"),
+    (30, "wrong", "first `capacity` choices"),
+    (5, "wrong", "capacity = ⌈capacity factor"),
+    (12.5, "wrong", "whole number"),
+    (None, "unsolved", "token choices"),
+])
+def test_dropped_tokens(answer, status_, hint):
+    feedback = check.dropped_tokens(answer, tokens=64, experts=8, top_k=2, capacity_factor=1.1, routed=30)
+    assert feedback.status == status_ and hint in feedback.message, feedback

@@ -56,12 +56,11 @@ def test_workers_run_on_the_cpu_unless_env_says_otherwise(monkeypatch):
 
 
 def test_dead_worker_is_a_clear_error_not_a_hang():
-    start = time.monotonic()
     with cluster.LocalCluster(SLEEPER, workers=2, args=["fail"]) as job:
+        # WorkerFailed, not the TimeoutError a hang would end in: the healthy worker sleeps 300 s
         with pytest.raises(cluster.WorkerFailed, match=r"worker 1 exited with code 3(.|\n)*on purpose"):
             job.wait(timeout=60)
         pids = job.pids
-    assert time.monotonic() - start < 30
     assert not any(alive(pid) for pid in pids)  # the healthy worker was stopped too
     assert not job.log_dir.exists()  # the error carried the log's last lines; caught here, nothing is left
 

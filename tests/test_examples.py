@@ -138,5 +138,7 @@ def test_a_stuck_worker_is_never_noticed_and_a_silent_one_is_by_the_heartbeats()
         assert job.wait_for_exit(0, timeout=120) == 1
         noticed_after = time.monotonic() - frozen
         log = job.log(0)
+    # the coordination service's own words say it was the heartbeats; the time (about the 10 s timeout on an idle
+    # machine, longer on a busy one) only shows it was not an immediate connection error
     assert "UnavailableError" in log and "stopped sending heartbeats" in log
-    assert 5 < noticed_after < 60, noticed_after  # about the 10 s timeout
+    assert noticed_after > 5, noticed_after

@@ -91,6 +91,15 @@ def test_float32_activations_double_the_values_not_the_dropout_masks():
     assert 1.8 < fp32.activations / mixed.activations < 2  # the masks stay 1 byte
 
 
+def test_without_dropout_no_masks_and_no_dropout_output():
+    s, b, h, a, t = 2048, 2, 4096, 32, 4
+    assert memory.transformer_activations(s, b, h, a, dropout=False) == s * b * h * 32 + 2 * a * s * s * b
+    assert memory.transformer_activations(s, b, h, a, t, bytes_per_value=4, dropout=False) == pytest.approx(
+        s * b * h * (16 + 48 / t) + 4 * a * s * s * b / t)
+    assert memory.transformer_activations(s, b, h, a, t, True, bytes_per_value=4, dropout=False) == pytest.approx(
+        (s * b * h * 64 + 4 * a * s * s * b) / t)
+
+
 def test_activations_of_a_whole_model(four_devices):
     seven_b = memory.TRANSFORMERS["7B transformer (32 layers, hidden 4096)"]
     assert memory.activations(seven_b, 2, 2, tensor_parallel=8, recompute="selective") == (

@@ -136,3 +136,66 @@ def test_the_block_picture_names_each_devices_share():
     assert "whole seq" in {text.get_text() for text in viz.draw_tensor_parallel_block(2).texts}
     with pytest.raises(ValueError, match="heads=4 doesn't divide by t=3"):
         viz.draw_tensor_parallel_block(3)
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_every_result_stays_on_its_device(four_devices, model_and_batch, sequence_parallel):
+    """Eagerly, what each device computes lands on that device: outputs and every gradient (a region operator
+    written as one custom-gradient op over all devices would hand every output to the default device)."""
+    model, tokens, targets, _ = model_and_batch
+    run = tensor.forward_and_gradients(model, tokens, targets, four_devices, sequence_parallel=sequence_parallel)
+    for d in range(4):
+        assert run.logits[d].device.endswith(f"/device:CPU:{d}")
+        assert {g.device.rsplit("/", 1)[-1] for g in run.gradients[d].values()} == {f"device:CPU:{d}"}
+
+
+@pytest.mark.parametrize(("t", "sequence_parallel"), [(2, False), (4, False), (2, True), (4, True)])
+def test_only_the_collectives_cross_devices(four_devices, model_and_batch, t, sequence_parallel):
+    """In TensorFlow's traced graph of a whole step, the bytes each device receives from the others are exactly
+    those the collectives' log counts: no hidden copy anywhere."""
+    model, tokens, targets, _ = model_and_batch
+    received, log = tensor.traffic(model, tokens, targets, four_devices[:t], sequence_parallel)
+    logged = [sum(trace.bytes_received[d] for *_, trace in log.records) for d in range(t)]
+    assert logged[0] > 0
+    assert [received[f"CPU:{d}"] for d in range(t)] == logged
+
+
+def test_kept_activations_split_as_korthikanti_et_al_say(four_devices, model_and_batch):
+    """Per device, in block 0: tensor parallelism divides what the split regions keep by t and leaves the copied
+    regions whole; sequence parallelism divides those too; the split regions' inputs stay whole either way
+    (the all-gathered input, which Megatron-LM gathers again in the backward pass instead of keeping)."""
+    model, tokens, targets, _ = model_and_batch
+    s, b, h = 16, 2, 32
+
+    def regions(t, sequence_parallel):
+        kept = tensor.kept_activations(model, tokens, targets, four_devices[:t], sequence_parallel)
+        per = {}
+        for k in kept:
+            if k.scope(0) == "block0":
+                per.setdefault(k.device, {}).setdefault(k.scope(1), 0)
+                per[k.device][k.scope(1)] += k.nbytes
+        assert set(per) == {f"CPU:{d}" for d in range(t)} and all(p == per["CPU:0"] for p in per.values())
+        return per["CPU:0"]
+
+    one = regions(1, False)
+    assert set(one) == {"copied", "edge", "split"} and one["edge"] == 2 * s * b * h * 4
+    for t in (2, 4):
+        assert regions(t, False) == {"copied": one["copied"], "edge": one["edge"], "split": one["split"] // t}
+        assert regions(t, True) == {"copied": one["copied"] // t, "edge": one["edge"], "split": one["split"] // t}
+
+
+def test_a_custom_gradient_over_every_device_lands_on_one(four_devices):
+    """Lesson 13 §2, why the regions' edges are not one tf.custom_gradient op: TensorFlow passes its outputs
+    through identity ops run under the caller's device scope, so, eagerly with none, all land on device 0."""
+    xs = []
+    for d, device in enumerate(four_devices):
+        with tf.device(device):
+            xs.append(tf.fill([3], float(d)))
+
+    @tf.custom_gradient
+    def identity(*values):
+        return list(values), lambda *upstream: list(upstream)
+
+    outputs = identity(*xs)
+    assert [x.device.rsplit(":", 1)[-1] for x in xs] == ["0", "1", "2", "3"]
+    assert {y.device.rsplit(":", 1)[-1] for y in outputs} == {"0"}

@@ -127,7 +127,7 @@ RECOMPUTE = ("none", "selective", "full")
 
 def transformer_activations(seq: int, batch: int, hidden: int, heads: int, tensor_parallel: int = 1,
                             sequence_parallel: bool = False, recompute: str = "none",
-                            bytes_per_value: int = 2) -> float:
+                            bytes_per_value: int = 2, dropout: bool = True) -> float:
     """Bytes one transformer layer keeps for the backward pass, per device.
 
     The per-layer formulas of Korthikanti et al. (2022, "Reducing Activation Recomputation in
@@ -141,7 +141,9 @@ def transformer_activations(seq: int, batch: int, hidden: int, heads: int, tenso
 
     The paper's terms are 16-bit values plus 1-byte dropout masks (2·s·b·h of the 10, and a·s²·b
     of the 5·a·s²·b). With ``bytes_per_value=4`` (float32 activations) the values double and the
-    masks stay: s·b·h·(18 + 48/t) + 9·a·s²·b/t with no recomputation, 4·s·b·h for full. This
+    masks stay: s·b·h·(18 + 48/t) + 9·a·s²·b/t with no recomputation, 4·s·b·h for full. A model
+    without dropout (``dropout=False``) keeps neither the masks nor dropout's output: s·b·h·(4 + 12/t)·v
+    + a·s²·b·v/t (v = ``bytes_per_value``). This
     models Megatron-LM's kernels (1-byte masks, fused where it fuses): other frameworks keep a
     little more or less (TensorFlow's dropout keeps its mask in the values' dtype), so treat it
     as an estimate.
@@ -160,9 +162,9 @@ def transformer_activations(seq: int, batch: int, hidden: int, heads: int, tenso
                           "tensor parallelism splits the attention heads and the MLP's columns. Pick a common "
                           f"divisor, e.g. tensor_parallel={math.gcd(heads, hidden, 8)}.")
     s, b, h, a, t, v = seq, batch, hidden, heads, tensor_parallel, bytes_per_value
-    replicated = 4 * v + 2  # layer-norm and block inputs (values), two dropout masks (1 byte): 10 in 16-bit
+    replicated = 4 * v + (2 if dropout else 0)  # LayerNorm and linear inputs, two dropout masks (1 byte): 10 in 16-bit
     split = 12 * v  # Q, K, V, the projection's input and the MLP's two wide tensors: 24 in 16-bit
-    scores = 2 * v + 1  # softmax output, dropout output (values) and its mask: 5 in 16-bit
+    scores = 2 * v + 1 if dropout else v  # softmax output, dropout output (values) and its mask: 5 in 16-bit
     if recompute == "full":
         return v * s * b * h / (t if sequence_parallel else 1)
     if sequence_parallel:

@@ -875,3 +875,98 @@ def block_weights_per_device(answer: Any, hidden: int, t: int) -> Feedback:
                                                          "only its own 4·h/t units' biases before GELU."),
                       (split + copied, "that is the whole block: each device holds a slice.")],
                   ". Count each weight of the block, then divide only the ones that are cut.")
+
+
+def ring_attention_bytes(answer: Any, n: int, batch: int, heads: int, seq: int, head_dim: int,
+                         itemsize: int = 2) -> Feedback:
+    """Lesson 14, exercise 1: bytes each device sends in one ring attention's forward pass."""
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
+    block = batch * heads * (seq // n) * head_dim * itemsize  # one device's keys (or values)
+    expected = (n - 1) * 2 * block
+    return _judge(answer, expected, f"{expected:,.0f} bytes: N−1 = {n - 1} steps, each sending the key block and "
+                  f"the value block the device holds, {block:,} bytes each ({2 * block:,} a step). The backward "
+                  "pass sends at least as much again.", [
+                      (expected / 2, "that is half of it: the keys only (each step passes the value block too), or "
+                                     "a count of values rather than bytes."),
+                      (n * 2 * block, f"that is N steps. A device starts with its own block: N−1 = {n - 1} sends "
+                                      "bring it the others'."),
+                      (expected * n, f"that is {n}× it: the total over all {n} GPUs, or the whole sequence's keys "
+                                     "and values at every step. The question asks what each GPU sends, and it "
+                                     "passes on only the block it holds, s/N positions."),
+                      (expected * 3 / 2, "that sends the queries too: they stay on their device; only the keys and "
+                                         "values travel."),
+                      (expected * 4 / itemsize, f"that is twice it: 4 bytes a value (the question's take {itemsize}), "
+                                                "or the backward pass as well (the question asks for the forward).")],
+                  ". Count the steps round the ring, and what one device sends at each: its current key and value "
+                  "block, b·heads·(s/N)·head_dim values each.", abs_tol=0.5)
+
+
+def zigzag_function(fn: Any) -> Feedback:
+    """Lesson 14, exercise 2: ``fn(device, n)`` gives the two chunks (of 2N) that device holds under the zig-zag."""
+    if _unsolved(fn):
+        return _report("unsolved", "define `zigzag(device, n)` and pass it to the check.")
+    if not callable(fn):
+        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
+                                "itself: check.zigzag_function(zigzag), no parentheses.")
+    for n in range(1, 9):
+        seen = []
+        for device in range(n):
+            try:
+                got = fn(device, n)
+            except Exception as error:  # a learner's code may raise anything
+                return _report("wrong", f"zigzag({device}, {n}) raised {type(error).__name__}: {error}.")
+            if _unsolved(got):
+                return _unsolved_function("zigzag", got)
+            chunks = _whole_numbers(got)
+            if chunks is None or len(chunks) != 2:
+                return _report("wrong", f"zigzag({device}, {n}) returned {got!r}: return the two chunk numbers, "
+                                        "e.g. [0, 7].")
+            want = sorted([device, 2 * n - 1 - device])
+            if sorted(chunks) != want:
+                if sorted(chunks) == sorted([2 * device, 2 * device + 1]):
+                    hint = ("those are two neighbouring chunks: device N−1 would still get the two latest, whose "
+                            "queries see the most keys. Pair an early chunk with a late one.")
+                elif sorted(chunks) == sorted([device, n - 1 - device]):
+                    hint = "there are 2N chunks, numbered 0 to 2N−1: the mirror of chunk d is 2N−1−d."
+                else:
+                    hint = f"device {device} of {n} takes chunk {device} and its mirror from the end."
+                return _report("wrong", f"zigzag({device}, {n}) returned {chunks}, not {want}: {hint}")
+            seen += chunks
+        if sorted(seen) != list(range(2 * n)):
+            return _report("wrong", f"for N = {n} the devices' chunks are {sorted(seen)}: every chunk 0…{2 * n - 1} "
+                                    "must be held by exactly one device.")
+    from mgpu_edu.parallelism import context
+
+    return _report("correct", "device d holds chunks d and 2N−1−d, for N = 1…8: every device then computes "
+                              f"2N+1 causal chunk products ({context.blocks_computed(4, layout='zigzag')} for N = 4), "
+                              f"where the contiguous split gives {context.blocks_computed(4)}.")
+
+
+def dropped_tokens(answer: Any, tokens: int, experts: int, top_k: int, capacity_factor: float,
+                   routed: int) -> Feedback:
+    """Lesson 14, exercise 3: token choices an expert drops, given how many the router sent it."""
+    early, answer = _read_number(answer, "set `answer` to a whole number of token choices.",
+                                 "a number of token choices", whole=True)
+    if early is not None:
+        return early
+    from mgpu_edu.parallelism import experts as moe
+
+    slots = moe.capacity(tokens, experts, top_k, capacity_factor)
+    expected = max(0, routed - slots)
+    one_choice = max(0, routed - moe.capacity(tokens, experts, 1, capacity_factor))
+    rounded_down = max(0, routed - math.floor(capacity_factor * top_k * tokens / experts))
+    return _judge(answer, expected, f"{expected}: the expert has ⌈{capacity_factor} · {top_k} · {tokens} / "
+                  f"{experts}⌉ = {slots} slots, and {routed} choices want one; the rest are dropped.", [
+                      (one_choice, f"that leaves k out of the capacity: with top-{top_k} every token makes {top_k} "
+                                   f"choices, and capacity = ⌈factor · k · tokens / E⌉ = {slots}."),
+                      (max(0, routed - top_k * tokens // experts), "that ignores the capacity factor: an expert "
+                                                                   "gets factor · k · tokens / E slots."),
+                      (max(0, routed - tokens // experts), "that ignores the capacity factor and k: an expert gets "
+                                                           "factor · k · tokens / E slots, not tokens / E."),
+                      (rounded_down, "capacity rounds up to a whole number of slots: ⌈…⌉, not ⌊…⌋."),
+                      (slots, "that is the number of slots; the question asks how many choices find none."),
+                      (routed, "the expert takes its first `capacity` choices; only the rest are dropped.")],
+                  ". capacity = ⌈capacity factor · k · tokens per group / experts⌉; an expert drops what is "
+                  "routed to it beyond that.")

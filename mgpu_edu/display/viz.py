@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -552,4 +554,62 @@ def draw_tensor_parallel_block(t: int, heads: int = 4, sequence_parallel: bool =
     ax.set_xlim(-1.2, len(columns))
     ax.set_ylim(-0.8, t + 1.0)
     ax.axis("off")
+    return ax
+
+
+def draw_attention_work(n: int, layout: str = "contiguous", causal: bool = True, ax: Axes | None = None) -> Axes:
+    """Which device computes each (query chunk, key chunk) product of ring attention (:mod:`mgpu_edu.context`).
+
+    Rows are query chunks, columns key chunks, in sequence order; a cell is coloured by the device
+    that holds its queries, hatched where it is the diagonal (masked inside), and left white where
+    causal masking skips it. The legend counts each device's products.
+    """
+    import matplotlib.pyplot as plt
+
+    from mgpu_edu.parallelism import context
+
+    count = len(context.chunks_of(0, n, layout)) * n
+    owner = {c: d for d in range(n) for c in context.chunks_of(d, n, layout)}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 4.2))
+    for q in range(count):
+        for k in range(count):
+            if causal and k > q:
+                continue
+            ax.add_patch(plt.Rectangle((k, count - 1 - q), 1, 1, facecolor=device_color(owner[q]), edgecolor="white",
+                                       hatch="//" if causal and k == q else None, alpha=0.9))
+    work = context.blocks_computed(n, causal, layout)
+    for d in range(n):
+        ax.plot([], [], "s", color=device_color(d), label=f"device {d}: {work[d]}")
+    ax.legend(loc="upper right", fontsize=7, title="products", title_fontsize=7, frameon=False,
+              bbox_to_anchor=(1.45, 1.0))
+    ax.set_xlim(0, count)
+    ax.set_ylim(0, count)
+    ax.set_xticks([c + 0.5 for c in range(count)], [str(c) for c in range(count)], fontsize=7)
+    ax.set_yticks([count - 0.5 - c for c in range(count)], [str(c) for c in range(count)], fontsize=7)
+    ax.set_xlabel("key chunk")
+    ax.set_ylabel("query chunk")
+    ax.set_aspect("equal")
+    ax.set_title(f"{layout}{', causal' if causal else ''}, N={n}: {count} chunks of s/{count}", fontsize=9)
+    return ax
+
+
+def draw_expert_load(wanted: Sequence[float], kept: Sequence[float], capacity: int, ax: Axes | None = None,
+                     title: str = "") -> Axes:
+    """Token choices each expert was sent (``wanted``) and took (``kept``), against its ``capacity`` (a line)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3))
+    experts = range(len(wanted))
+    ax.bar(experts, wanted, color="0.85", edgecolor="0.5", label="sent (dropped above the line)")
+    ax.bar(experts, kept, color=PALETTE[0], label="kept")
+    ax.axhline(capacity, color="black", linestyle="--", linewidth=1)
+    ax.text(len(wanted) - 0.5, capacity, f" capacity {capacity}", va="bottom", ha="right", fontsize=8)
+    ax.set_xticks(list(experts), [str(e) for e in experts])
+    ax.set_xlabel("expert")
+    ax.set_ylabel("token choices")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=9)
     return ax

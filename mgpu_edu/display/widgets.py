@@ -480,3 +480,52 @@ class MemoryCalculator(_Displayed):
                            f"Fits in {memory.USABLE_FRACTION:.0%} of the card (the rest: CUDA context, logits, "
                            f"buffers, fragmentation): {fits}.</p>")
 
+
+
+class ExpertLoad(_Displayed):
+    """A capacity-factor slider and a top-k toggle over one batch's router ``logits`` [tokens, experts]: draws
+    the token choices each expert is sent and keeps against its capacity, and counts what is dropped
+    (:func:`mgpu_edu.experts.route`, one group).
+
+    Example:
+        >>> ExpertLoad(logits)  # doctest: +SKIP
+    """
+
+    def __init__(self, logits: Any, capacity_factor: float = 1.25, top_k: int = 1) -> None:
+        import ipywidgets as w
+
+        from mgpu_edu.parallelism import experts
+
+        self._route = experts.route
+        self.logits = logits
+        experts.capacity(int(logits.shape[0]), int(logits.shape[1]), top_k, capacity_factor)  # validates
+        self.capacity_factor = w.FloatSlider(value=capacity_factor, min=0.25, max=3.0, step=0.25,
+                                             description="capacity factor")
+        self.top_k = w.ToggleButtons(options=[1, 2], value=top_k, description="top-k")
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        self.root = w.VBox([w.HBox([self.capacity_factor, self.top_k]), self.info, self.image])
+        self.root.add_class("mgpu-experts")
+        self.capacity_factor.observe(self._draw, names="value")
+        self.top_k.observe(self._draw, names="value")
+        self._draw()
+
+    def routing(self) -> Any:
+        """The routing for the current capacity factor and top-k."""
+        return self._route(self.logits, top_k=self.top_k.value, capacity_factor=self.capacity_factor.value)
+
+    def _draw(self, change: Any = None) -> None:
+        routing = self.routing()
+        wanted, kept = routing.wanted.numpy()[0], routing.kept.numpy()[0]
+        tokens, k = int(self.logits.shape[0]), self.top_k.value
+        fig = viz.new_figure(7, 3)
+        viz.draw_expert_load(wanted, kept, routing.capacity, fig.add_subplot(1, 1, 1),
+                             title=f"{tokens} tokens, top-{k}, capacity factor {self.capacity_factor.value:g}")
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)
+        slots = routing.capacity * len(wanted)
+        self.info.value = (f"<p>capacity = ⌈{self.capacity_factor.value:g} · {k} · {tokens} / {len(wanted)}⌉ = "
+                           f"<b>{routing.capacity}</b> slots per expert; <b>{routing.dropped}</b> of "
+                           f"{tokens * k} token choices dropped; {int(kept.sum())} of {slots} slots filled "
+                           f"({kept.sum() / slots:.0%}); auxiliary loss {float(routing.aux_loss):.2f} "
+                           "(1 when even).</p>")

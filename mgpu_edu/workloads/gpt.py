@@ -3,8 +3,8 @@
 The block is pre-LayerNorm: ``x + attention(LN(x))``, then ``x + MLP(LN(x))``, with causal
 multi-head attention and a GELU MLP of 4 × hidden. Activations inside the blocks are laid out
 ``[sequence, batch, hidden]``, as Megatron-LM lays them out, so that sequence parallelism can cut
-them along the first axis. The functions (:func:`layer_norm`, :func:`causal_attention`,
-:func:`block`) are what :class:`TinyGPT` runs and what :mod:`mgpu_edu.tensor` runs on shards of
+them along the first axis. The functions (:func:`layer_norm`, :func:`causal_attention` and its core
+:func:`attention`, :func:`block`) are what :class:`TinyGPT` runs and what :mod:`mgpu_edu.tensor` runs on shards of
 the same weights, so a split model can be checked against this one exactly. No dropout: a split
 model must give the same numbers. Runs on logical CPUs as well as GPUs.
 
@@ -46,12 +46,19 @@ def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int) -> Any:
     def split(w: Any) -> Any:  # [s, b, heads·d] → [b, heads, s, d]
         return tf.transpose(tf.reshape(tf.matmul(x, w), [s, b, heads, d_head]), [1, 2, 0, 3])
 
-    q, k, v = split(wq), split(wk), split(wv)
-    scores = tf.matmul(q, k, transpose_b=True) / math.sqrt(d_head)
-    future = tf.linalg.band_part(tf.ones([s, s]), 0, -1) - tf.linalg.band_part(tf.ones([s, s]), 0, 0)
-    scores += future * tf.cast(-1e9, scores.dtype)  # position i sees j ≤ i only
-    out = tf.matmul(tf.nn.softmax(scores, axis=-1), v)  # [b, heads, s, d]
+    out = attention(split(wq), split(wk), split(wv))  # [b, heads, s, d]
     return tf.reshape(tf.transpose(out, [2, 0, 1, 3]), [s, b, width])
+
+
+def attention(q: Any, k: Any, v: Any, causal: bool = True) -> Any:
+    """softmax(q·kᵀ/√d + mask)·v on one device, for q, k, v of shape [batch, heads, sequence, d]: with
+    ``causal``, position i attends to positions j ≤ i only."""
+    scores = tf.matmul(q, k, transpose_b=True) / math.sqrt(int(q.shape[-1]))
+    if causal:
+        s = tf.shape(q)[-2]
+        ones = tf.ones([s, s], scores.dtype)
+        scores += (tf.linalg.band_part(ones, 0, -1) - tf.linalg.band_part(ones, 0, 0)) * -1e9  # i sees j ≤ i only
+    return tf.matmul(tf.nn.softmax(scores, axis=-1), v)
 
 
 def mlp(x: Any, w1: Any, b1: Any, w2: Any) -> Any:

@@ -1,0 +1,184 @@
+"""Counting in TensorFlow's own graph: what the backward pass keeps, and what crosses devices.
+
+:mod:`memory` says what a layer *should* keep for the backward pass, by formula. This module asks
+TensorFlow: :func:`kept_for_backward` traces a forward and a backward pass as one ``tf.function``
+and lists every tensor that the backward ops computing the returned gradients read from the forward
+pass. Those tensors must stay in memory from the moment the forward pass makes them until their
+gradient is computed: they are the activations of a traced training step, counted one tensor at a
+time, on the device TensorFlow places them, with the name scopes they were made in. Weights
+(variable reads), constants and the function's inputs are not activations and are left out; so are
+reads of a tensor's shape only, and backward ops whose results no returned gradient uses (the
+gradient of a constant, which TensorFlow builds and then drops). Run eagerly, a ``tf.GradientTape``
+keeps more than this: every input and output of a recorded op that its gradient function might read.
+
+:func:`bytes_between_devices` counts, in the same kind of graph, the bytes each device receives from
+another: each tensor made on one device and read on another is copied there once; so is a
+variable's or a captured tensor's value read on a device other than its own.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mgpu_edu.runtime import quiet
+
+#: Ops whose outputs are not activations: inputs, constants and weights (a variable's value is counted as a
+#: parameter, not an activation).
+NOT_ACTIVATIONS = frozenset({"Placeholder", "Const", "ReadVariableOp", "VarHandleOp"})
+#: Backward ops that read only a tensor's shape, not its values: the tensor need not stay in memory for them.
+SHAPE_ONLY = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike", "BroadcastGradientArgs"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Kept:
+    """One forward tensor the backward pass reads."""
+
+    name: str  #: the tensor's name, its name scopes first: "block0/split/Softmax:0"
+    op: str  #: the type of the op that made it: "Softmax"
+    device: str  #: where it was placed, short: "CPU:1", "GPU:0" ("" when TensorFlow chooses)
+    shape: tuple[int, ...]
+    nbytes: int
+    read_by: tuple[str, ...]  #: the types of the backward ops that read it
+
+    def scopes(self) -> list[str]:
+        """Its name scopes, outermost first, without the "_1", "_2" TensorFlow adds to a scope entered again."""
+        out = []
+        for part in self.name.split("/")[:-1]:
+            head, _, tail = part.rpartition("_")
+            out.append(head if head and tail.isdigit() else part)
+        return out
+
+    def scope(self, level: int = 0) -> str:
+        """Its ``level``-th name scope ("block0" at 0, "split" at 1), or "" if it has fewer."""
+        scopes = self.scopes()
+        return scopes[level] if level < len(scopes) else ""
+
+
+def short_device(device: str) -> str:
+    """"CPU:1" for "/job:localhost/replica:0/task:0/device:CPU:1" (or "/device:CPU:1"); "" for ""."""
+    tf = quiet.import_tensorflow()
+    if not device:
+        return ""
+    spec = tf.DeviceSpec.from_string(device)
+    return f"{spec.device_type}:{spec.device_index}"
+
+
+def _nbytes(tensor: Any) -> int:
+    if not tensor.shape.is_fully_defined():
+        raise ValueError(f"{tensor.name} has shape {tensor.shape}, not fully known when traced: give the traced "
+                         "function inputs of fixed shapes (a tf.TensorSpec with every dimension, or real tensors).")
+    return tensor.shape.num_elements() * tensor.dtype.size
+
+
+def kept_for_backward(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any) -> list[Kept]:
+    """Every tensor the backward pass reads from the forward pass, traced by TensorFlow.
+
+    ``forward(*inputs)`` runs the forward pass (recording tapes) and returns what ``backward`` needs;
+    ``backward(that)`` computes the gradients. Both are traced together as one ``tf.function``
+    (nothing runs), and each forward tensor a backward op reads is listed once, with its device
+    and bytes. Variables must exist before the call.
+
+    The function's inputs are not counted either: they exist whatever the backward pass needs.
+
+    Example (the input x, which w's gradient reads, is an input; ReLU's gradient reads its output):
+        >>> w = tf.Variable(tf.ones([4, 3]))  # doctest: +SKIP
+        >>> def forward(x):  # doctest: +SKIP
+        ...     with tf.GradientTape() as tape:
+        ...         loss = tf.reduce_sum(tf.nn.relu(x @ w))
+        ...     return tape, loss
+        >>> kept = kept_for_backward(forward, lambda r: r[0].gradient(r[1], w), tf.ones([8, 4]))  # doctest: +SKIP
+        >>> [(k.op, k.shape, k.nbytes, k.read_by) for k in kept]  # doctest: +SKIP
+        [('Relu', (8, 3), 96, ('ReluGrad',))]
+    """
+    tf = quiet.import_tensorflow()
+    found: list[Kept] = []
+
+    @tf.function(autograph=False)
+    def step(*args: Any) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        result = forward(*args)
+        made = set(graph.get_operations())
+        gradients = backward(result)
+        live = _feeding(gradients, made)
+        readers: dict[str, list[str]] = collections.defaultdict(list)
+        tensors: dict[str, Any] = {}
+        for op in graph.get_operations():
+            if op not in live or op.type in SHAPE_ONLY:
+                continue
+            for tensor in op.inputs:
+                if tensor.op in made and tensor.op.type not in NOT_ACTIVATIONS:
+                    tensors[tensor.name] = tensor
+                    readers[tensor.name].append(op.type)
+        for name, tensor in tensors.items():
+            found.append(Kept(name, tensor.op.type, short_device(tensor.op.device), tuple(tensor.shape.as_list()),
+                              _nbytes(tensor), tuple(sorted(set(readers[name])))))
+        return gradients
+
+    step.get_concrete_function(*inputs)
+    return found
+
+
+def _feeding(outputs: Any, made: set[Any]) -> set[Any]:
+    """The ops made after ``made`` (the backward pass) that ``outputs`` depend on."""
+    tf = quiet.import_tensorflow()
+    live: set[Any] = set()
+    stack = [x.op for x in tf.nest.flatten(outputs, expand_composites=True) if x is not None]
+    while stack:
+        op = stack.pop()
+        if op in live or op in made:
+            continue
+        live.add(op)
+        stack.extend([*(x.op for x in op.inputs), *op.control_inputs])
+    return live
+
+
+def by_device(kept: Iterable[Kept], scope: str | None = None) -> dict[str, int]:
+    """Bytes kept per device (only tensors made under the name scope ``scope``, if given, e.g. "block0")."""
+    totals: dict[str, int] = collections.defaultdict(int)
+    for item in kept:
+        if scope is None or item.scope(0) == scope:
+            totals[item.device] += item.nbytes
+    return dict(sorted(totals.items()))
+
+
+def bytes_between_devices(fn: Callable[..., Any], *inputs: Any) -> dict[str, int]:
+    """Bytes each device receives from other devices when ``fn(*inputs)`` runs, traced as one ``tf.function``.
+
+    A tensor made on one device and read by ops on another is copied there once. A captured tensor
+    or variable (one made outside ``fn``) lives on its own device: read elsewhere, its value is
+    copied too. The function's inputs, whose device TensorFlow chooses, are not counted. Returns
+    {device: bytes received}, devices short ("CPU:1").
+    """
+    tf = quiet.import_tensorflow()
+    received: dict[str, int] = collections.defaultdict(int)
+
+    @tf.function(autograph=False)
+    def step(*args: Any) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        result = fn(*args)
+        outside = {inside.ref(): short_device(getattr(value, "device", "") or "")
+                   for value, inside in graph.captures}  # each captured tensor's (or variable's) own device
+
+        def home(tensor: Any) -> str:
+            if tensor.ref() in outside:
+                return outside[tensor.ref()]
+            if tensor.op.type == "ReadVariableOp" and not tensor.op.device:  # read where the variable lives
+                return home(tensor.op.inputs[0])
+            return short_device(tensor.op.device)
+
+        copies: set[tuple[str, str]] = set()
+        for op in graph.get_operations():
+            there = short_device(op.device) if op.device or op.type != "ReadVariableOp" else home(op.inputs[0])
+            for tensor in op.inputs:
+                here = home(tensor)
+                if here and there and here != there and tensor.dtype != tf.resource \
+                        and (tensor.name, there) not in copies:
+                    copies.add((tensor.name, there))
+                    received[there] += _nbytes(tensor)
+        return result
+
+    step.get_concrete_function(*inputs)
+    return dict(sorted(received.items()))

@@ -1,0 +1,228 @@
+"""Context parallelism: attention over a sequence split across devices (ring attention).
+
+Tensor and sequence parallelism (:mod:`mgpu_edu.tensor`) still run attention on the whole
+sequence on every device. For long sequences the sequence itself is split: device d holds the
+queries, keys and values of its own positions, and attention needs every key. Ring attention
+(Liu et al., 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context") passes
+the key/value blocks round the ring, one send/receive per step (:func:`collectives.send_receive`),
+while each device adds each block's contribution to its queries' outputs with the online softmax
+of FlashAttention (Dao et al., 2022; Milakov and Gimelshein, 2018): a running maximum ``m``, a
+running sum ``l`` of exp(score − m), and a running output, rescaled whenever ``m`` grows. After N
+steps every device has seen every block, and its output is exactly softmax(q·kᵀ/√d + mask)·v for
+its queries.
+
+Causal attention makes the work uneven: with the sequence cut in N contiguous blocks, device d's
+queries see only blocks 0…d, so device N−1 computes N blocks while device 0 computes one, and the
+others wait for it. The zig-zag layout (from the Llama 3 paper's context parallelism and the
+ring-flash-attention project) cuts the sequence into 2N chunks and gives device d chunks d and
+2N−1−d: an early and a late one, so every device computes the same amount.
+
+Everything runs on logical devices in one process. The forward pass runs on each device and sends
+only through :func:`collectives.send_receive`; its gradients, from a ``tf.GradientTape`` over the whole
+ring, are computed on one device (TensorFlow runs a tape's gradient ops on its default device), so
+they check the arithmetic, not a distributed backward pass (lesson 13's ``tensor.SplitTape`` shows one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from mgpu_edu._validate import BadArgument, one_of
+from mgpu_edu.parallelism import collectives
+from mgpu_edu.runtime import quiet
+
+LAYOUTS = ("contiguous", "zigzag")
+_MASKED = -1e9  # a score that exp() turns into 0 next to any real one (as the one-device attention's mask)
+
+
+def chunks_of(device: int, n: int, layout: str = "contiguous") -> list[int]:
+    """The sequence chunks device ``device`` of ``n`` holds: [d] of N chunks, or [d, 2N−1−d] of 2N (zig-zag).
+
+    Example:
+        >>> [chunks_of(d, 4, "zigzag") for d in range(4)]
+        [[0, 7], [1, 6], [2, 5], [3, 4]]
+    """
+    one_of("layout", layout, LAYOUTS)
+    return [device] if layout == "contiguous" else [device, 2 * n - 1 - device]
+
+
+def blocks_computed(n: int, causal: bool = True, layout: str = "contiguous") -> list[int]:
+    """How many (query chunk, key chunk) products each device computes; a causal product whose keys all lie
+    in its queries' future is skipped. Chunks are s/N long (contiguous) or s/2N (zig-zag).
+
+    Example:
+        >>> blocks_computed(4), blocks_computed(4, layout="zigzag")
+        ([1, 2, 3, 4], [9, 9, 9, 9])
+    """
+    count = len(chunks_of(0, n, layout)) * n
+    out = []
+    for d in range(n):
+        mine = chunks_of(d, n, layout)
+        out.append(sum(1 for q in mine for k in range(count) if not causal or k <= q))
+    return out
+
+
+def _split(x: Any, name: str, n: int, layout: str) -> list[list[Any]]:
+    """x [b, h, s, d] cut into each device's chunks (not yet placed)."""
+    tf = quiet.import_tensorflow()
+    pieces = len(chunks_of(0, n, layout)) * n
+    s = int(x.shape[2])
+    if s % pieces:
+        what = f"2N = {pieces} chunks (zig-zag)" if layout == "zigzag" else f"N = {n} blocks"
+        good = s - s % pieces if s > pieces else pieces
+        raise BadArgument(f"ring_attention: {name} has sequence length {s}, which doesn't cut into {what} of equal "
+                          f"length. Use a length that divides by {pieces}, e.g. {good}.")
+    cut = tf.split(x, pieces, axis=2)
+    return [[cut[c] for c in chunks_of(d, n, layout)] for d in range(n)]
+
+
+@dataclasses.dataclass
+class RingTrace:
+    """What a ring attention moved and computed, per device."""
+
+    bytes_sent: list[int]
+    bytes_received: list[int]
+    steps: int  #: send/receive steps round the ring (N − 1)
+    blocks: list[int]  #: (query chunk, key chunk) products each device computed (see :func:`blocks_computed`)
+    per_step: list[list[int]] = dataclasses.field(default_factory=list)  #: per_step[r][d]: products at step r
+
+
+def _check(q: Any, k: Any, v: Any, devices: Sequence[str]) -> None:
+    if not devices:
+        raise BadArgument("ring_attention needs at least one device, got an empty list.")
+    if len(q.shape) != 4 or q.shape != k.shape or k.shape != v.shape:
+        raise BadArgument(f"ring_attention: q, k and v must have one shape [batch, heads, sequence, head_dim], got "
+                          f"{list(q.shape)}, {list(k.shape)} and {list(v.shape)}.")
+
+
+def _place(q: Any, k: Any, v: Any, devices: list[str], layout: str) -> tuple[list[list[Any]], list[Any]]:
+    """Each device's query chunks, and its keys and values as one message: [k | v] side by side, chunk after chunk."""
+    tf = quiet.import_tensorflow()
+    n = len(devices)
+    cut = {name: _split(x, name, n, layout) for name, x in (("q", q), ("k", k), ("v", v))}
+    queries, messages = [], []
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            queries.append([tf.identity(chunk) for chunk in cut["q"][d]])
+            messages.append(tf.concat([tf.concat([kc, vc], axis=-1) for kc, vc in zip(cut["k"][d], cut["v"][d],
+                                                                                      strict=True)], axis=2))
+    return queries, messages
+
+
+def ring_attention(q: Any, k: Any, v: Any, devices: Sequence[str], causal: bool = True, layout: str = "contiguous",
+                   trace: bool = False) -> Any:
+    """softmax(q·kᵀ/√head_dim + causal mask)·v with the sequence split over ``devices``, by ring attention.
+
+    ``q``, ``k`` and ``v`` are [batch, heads, sequence, head_dim]; the sequence is cut into N equal
+    blocks, device d holding block d (``layout="contiguous"``), or into 2N chunks with device d
+    holding chunks d and 2N−1−d (``"zigzag"``). Each device keeps its queries and passes its key/value
+    block round the ring, N−1 send/receive steps, folding in each block with the online softmax.
+    Returns the whole output [batch, heads, sequence, head_dim] in sequence order (put together on
+    ``devices[0]``), equal to :func:`gpt.attention` on one device; with ``trace=True``,
+    ``(output, RingTrace)``. Raises a clear error when the sequence doesn't cut evenly.
+
+    Example:
+        >>> out = ring_attention(q, k, v, layout[:4])  # doctest: +SKIP
+    """
+    tf = quiet.import_tensorflow()
+    devices = list(devices)
+    one_of("layout", layout, LAYOUTS)
+    _check(q, k, v, devices)
+    n, scale, (batch, heads, seq, dim) = len(devices), 1 / math.sqrt(int(q.shape[-1])), q.shape.as_list()
+    queries, kv = _place(q, k, v, devices, layout)
+    width = seq // (len(chunks_of(0, n, layout)) * n)  # one chunk's length
+    state = []  # per device, per query chunk: running maximum m, running sum l, running output o
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            state.append([(tf.fill([batch, heads, width, 1], tf.constant(-math.inf, q.dtype)),
+                           tf.zeros([batch, heads, width, 1], q.dtype), tf.zeros([batch, heads, width, dim], q.dtype))
+                          for _ in chunks_of(d, n, layout)])
+    record = RingTrace([0] * n, [0] * n, n - 1, [0] * n, [[0] * n for _ in range(n)])
+    for step in range(n):
+        for d, device in enumerate(devices):
+            source = (d - step) % n  # whose key/value block device d holds at this step
+            with tf.device(device):
+                keys, values = (tf.split(x, len(chunks_of(source, n, layout)), axis=2)
+                                for x in tf.split(kv[d], 2, axis=-1))
+                for i, qc in enumerate(chunks_of(d, n, layout)):
+                    for kc, kk, vv in zip(chunks_of(source, n, layout), keys, values, strict=True):
+                        if causal and kc > qc:
+                            continue  # every key in this chunk lies in these queries' future
+                        state[d][i] = fold_block(state[d][i], queries[d][i], kk, vv, scale, causal and kc == qc)
+                        record.blocks[d] += 1
+                        record.per_step[step][d] += 1
+        if step < n - 1:  # pass the key/value blocks one device on round the ring
+            kv, sent = collectives.send_receive(kv, offset=1, trace=True)
+            record.bytes_sent = [a + b for a, b in zip(record.bytes_sent, sent.bytes_sent, strict=True)]
+            record.bytes_received = [a + b for a, b in zip(record.bytes_received, sent.bytes_received, strict=True)]
+    outputs: dict[int, Any] = {}
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            for (_, total, out), chunk in zip(state[d], chunks_of(d, n, layout), strict=True):
+                outputs[chunk] = out / total
+    with tf.device(devices[0]):
+        whole = tf.concat([outputs[c] for c in sorted(outputs)], axis=2)
+    return (whole, record) if trace else whole
+
+
+def fold_block(state: tuple[Any, Any, Any], q: Any, k: Any, v: Any, scale: float, diagonal: bool = False) -> tuple:
+    """Fold one key/value block into a query block's running (maximum, sum, output): the online softmax.
+
+    ``state`` starts as (−∞, 0, 0); after every block is folded in, output / sum is softmax(q·kᵀ·scale)·v
+    over all of them. With ``diagonal``, the block holds the queries' own positions: position i sees j ≤ i.
+    """
+    tf = quiet.import_tensorflow()
+    peak, total, out = state
+    with tf.name_scope("scores"):  # what is chunk × chunk (kept_per_device tells it by this name)
+        scores = tf.matmul(q, k, transpose_b=True) * scale
+        if diagonal:  # the same positions: position i sees j ≤ i
+            w = int(scores.shape[-1])
+            ones = tf.ones([w, w], scores.dtype)
+            scores += (tf.linalg.band_part(ones, 0, -1) - tf.linalg.band_part(ones, 0, 0)) * _MASKED
+        # the maximum only keeps exp() in range: out / total doesn't depend on it, so no gradient flows through it
+        new_peak = tf.stop_gradient(tf.maximum(peak, tf.reduce_max(scores, axis=-1, keepdims=True)))
+        weights = tf.exp(scores - new_peak)
+    rescale = tf.exp(peak - new_peak)  # how much the earlier sum and output shrink when the maximum grows
+    total = total * rescale + tf.reduce_sum(weights, axis=-1, keepdims=True)
+    return new_peak, total, out * rescale + tf.matmul(weights, v)
+
+
+def kept_per_device(q: Any, k: Any, v: Any, devices: Sequence[str], causal: bool = True,
+                    layout: str = "contiguous") -> list[dict[str, int]]:
+    """Bytes each device keeps for the backward pass of :func:`ring_attention` (TensorFlow's traced graph, via
+    :func:`graphs.kept_for_backward`), by kind: ``scores`` (tensors shaped like a block of scores, chunk ×
+    chunk), ``blocks`` (shaped like a chunk of q, k, v or the output) and ``statistics`` (one number per
+    query: the running maximum and sum). The backward pass starts from a fixed gradient of the output."""
+    tf = quiet.import_tensorflow()
+    from mgpu_edu.analysis import graphs
+
+    devices = list(devices)
+    weights = tf.random.stateless_normal(q.shape, seed=[0, 0], dtype=q.dtype)
+
+    def forward(*qkv: Any) -> Any:
+        with tf.GradientTape() as tape:
+            tape.watch(qkv)
+            out = ring_attention(*qkv, devices, causal=causal, layout=layout)
+        return tape, out, qkv
+
+    kept = graphs.kept_for_backward(
+        forward, lambda r: r[0].gradient(r[1], list(r[2]), output_gradients=weights), q, k, v)
+    out = [{"scores": 0, "blocks": 0, "statistics": 0} for _ in devices]
+    for item in kept:
+        kind = "statistics" if item.shape[-1] == 1 else "scores" if "scores" in item.scopes() else "blocks"
+        out[int(item.device.rsplit(":", 1)[1])][kind] += item.nbytes
+    return out
+
+
+def formula_bytes(n: int, batch: int, heads: int, seq: int, head_dim: int, itemsize: int = 4) -> float:
+    """Bytes each device sends (and receives) in one ring attention: N−1 steps of its key and value block,
+    (N−1) · 2 · b·h·(s/N)·d · itemsize.
+
+    Example:
+        >>> formula_bytes(4, batch=2, heads=4, seq=64, head_dim=8)
+        24576.0
+    """
+    return float((n - 1) * 2 * batch * heads * (seq / n) * head_dim * itemsize)
