@@ -84,3 +84,21 @@ def test_an_eager_tape_keeps_what_a_traced_step_drops():
     del tape
     gc.collect()
     assert held() is None
+
+
+def test_a_tapes_gradient_ops_name_no_device(four_devices):
+    """Lesson 14 §2: the forward ops run where their tf.device scopes say; the gradient ops a GradientTape adds
+    name no device, so TensorFlow places them itself (its default device, run eagerly)."""
+    def forward(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            parts = []
+            for d, device in enumerate(four_devices[:2]):
+                with tf.device(device):
+                    parts.append(tf.reduce_sum(tf.exp(x * float(d + 1))))
+            loss = parts[0] + parts[1]
+        return tape, loss, x
+
+    where = graphs.op_devices(forward, lambda r: r[0].gradient(r[1], r[2]), tf.ones([5]))
+    assert {"CPU:0", "CPU:1"} <= set(where["forward"])
+    assert set(where["backward"]) == {""}

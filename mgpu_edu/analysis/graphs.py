@@ -135,6 +135,28 @@ def _feeding(outputs: Any, made: set[Any]) -> set[Any]:
     return live
 
 
+def op_devices(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any) -> dict[str, dict[str, int]]:
+    """Where the ops of a traced forward and backward pass ask to run: {"forward": {device: ops},
+    "backward": {device: ops}}, "" for an op that names no device (TensorFlow then places it itself).
+    Constants and inputs are not counted."""
+    tf = quiet.import_tensorflow()
+    counts: dict[str, dict[str, int]] = {"forward": collections.Counter(), "backward": collections.Counter()}
+
+    @tf.function(autograph=False)
+    def step(*args: Any) -> Any:
+        graph = tf.compat.v1.get_default_graph()
+        result = forward(*args)
+        made = set(graph.get_operations())
+        gradients = backward(result)
+        for op in graph.get_operations():
+            if op.type not in ("Const", "Placeholder"):
+                counts["forward" if op in made else "backward"][short_device(op.device)] += 1
+        return gradients
+
+    step.get_concrete_function(*inputs)
+    return {phase: dict(sorted(c.items())) for phase, c in counts.items()}
+
+
 def by_device(kept: Iterable[Kept], scope: str | None = None) -> dict[str, int]:
     """Bytes kept per device (only tensors made under the name scope ``scope``, if given, e.g. "block0")."""
     totals: dict[str, int] = collections.defaultdict(int)

@@ -6,8 +6,9 @@ queries, keys and values of its own positions, and attention needs every key. Ri
 (Liu et al., 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context") passes
 the key/value blocks round the ring, one send/receive per step (:func:`collectives.send_receive`),
 while each device adds each block's contribution to its queries' outputs with the online softmax
-of FlashAttention (Dao et al., 2022; Milakov and Gimelshein, 2018): a running maximum ``m``, a
-running sum ``l`` of exp(score − m), and a running output, rescaled whenever ``m`` grows. After N
+of FlashAttention (Dao et al., 2022; Milakov and Gimelshein, 2018): a running maximum (``peak``), a
+running sum of exp(score − peak) (``total``), and a running output (``out``), rescaled whenever the
+peak grows. After N
 steps every device has seen every block, and its output is exactly softmax(q·kᵀ/√d + mask)·v for
 its queries.
 
@@ -195,7 +196,8 @@ def kept_per_device(q: Any, k: Any, v: Any, devices: Sequence[str], causal: bool
     """Bytes each device keeps for the backward pass of :func:`ring_attention` (TensorFlow's traced graph, via
     :func:`graphs.kept_for_backward`), by kind: ``scores`` (tensors shaped like a block of scores, chunk ×
     chunk), ``blocks`` (shaped like a chunk of q, k, v or the output) and ``statistics`` (one number per
-    query: the running maximum and sum). The backward pass starts from a fixed gradient of the output."""
+    query: the factors that rescale the running sum and output, and the final sum; no gradient reads the
+    running maximum). The backward pass starts from a fixed gradient of the output."""
     tf = quiet.import_tensorflow()
     from mgpu_edu.analysis import graphs
 
