@@ -201,6 +201,16 @@ def _show(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:.6g}"
 
 
+def _function_answer(fn: Any, define: str, call: str) -> Feedback | None:
+    """Feedback for a function answer that is still unsolved or isn't a function; None when it is one."""
+    if _unsolved(fn):
+        return _report("unsolved", f"define `{define}` and pass it to the check.")
+    if not callable(fn):
+        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function itself: "
+                                f"{call}, no parentheses.")
+    return None
+
+
 def _read_number(answer: Any, unsolved_hint: str, what: str = "a number",
                  whole: bool = False) -> tuple[Feedback | None, float]:
     """(feedback, value): feedback for an unsolved, non-numeric (or, with whole, fractional) answer, else None."""
@@ -240,11 +250,9 @@ def spread_function(fn: Any, devices: Any) -> Feedback:
     devices). The check calls ``fn`` on six numbers and reads, from TensorFlow, where each tensor
     it returns lives.
     """
-    if _unsolved(fn):
-        return _report("unsolved", "define `spread(values)` and pass it to the check.")
-    if not callable(fn):
-        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
-                                "itself: check.spread_function(spread, layout), no parentheses.")
+    early = _function_answer(fn, "spread(values)", "check.spread_function(spread, layout)")
+    if early is not None:
+        return early
     names = [str(getattr(name, "name", name)) for name in devices]  # LogicalDevice objects too
     values = [float(k + 1) for k in range(len(names) + 2)]
     try:
@@ -324,11 +332,9 @@ def shard_bounds_function(fn: Any) -> Feedback:
     Right when ``x[start:stop]`` is each tower's shard, in order: the pieces ``tf.split(x,
     shard_sizes(batch, n))`` cuts (tests/test_check.py compares the two with TensorFlow).
     """
-    if _unsolved(fn):
-        return _report("unsolved", "define `my_shard_bounds(batch, n)` and pass it to the check.")
-    if not callable(fn):
-        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
-                                "itself: check.shard_bounds_function(my_shard_bounds), no parentheses.")
+    early = _function_answer(fn, "my_shard_bounds(batch, n)", "check.shard_bounds_function(my_shard_bounds)")
+    if early is not None:
+        return early
     for batch, n in [(10, 4), (8, 4), (30, 4), (3, 4), (17, 5), (0, 3)]:
         try:
             got = fn(batch, n)
@@ -369,11 +375,9 @@ def shard_bounds_function(fn: Any) -> Feedback:
 
 def combine_function(fn: Any) -> Feedback:
     """Lesson 02, exercise 2: combine per-tower (gradient sum, example count) into the batch-mean gradient."""
-    if _unsolved(fn):
-        return _report("unsolved", "define `combine(sums, counts)` and pass it to the check.")
-    if not callable(fn):
-        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
-                                "itself: check.combine_function(combine), no parentheses.")
+    early = _function_answer(fn, "combine(sums, counts)", "check.combine_function(combine)")
+    if early is not None:
+        return early
     cases = [([6.0, 1.0], [3, 1]), ([10.0, 4.0, 0.0], [4, 2, 0]), ([1.0, 1.0], [2, 2])]
     for sums, counts in cases:
         try:
@@ -763,12 +767,10 @@ def reduce_scatter_function(fn: Any, devices: Any) -> Feedback:
 
     from mgpu_edu.runtime import quiet
 
-    if _unsolved(fn):
-        return _report("unsolved", "define `reduce_scatter_by_all_reduce(tensors)` and pass it to the check.")
-    if not callable(fn):
-        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function itself: "
-                                "check.reduce_scatter_function(reduce_scatter_by_all_reduce, layout), no "
-                                "parentheses.")
+    early = _function_answer(fn, "reduce_scatter_by_all_reduce(tensors)",
+                             "check.reduce_scatter_function(reduce_scatter_by_all_reduce, layout)")
+    if early is not None:
+        return early
     tf = quiet.import_tensorflow()
     names = [str(getattr(name, "name", name)) for name in devices]
     n = len(names)
@@ -905,11 +907,9 @@ def ring_attention_bytes(answer: Any, n: int, batch: int, heads: int, seq: int, 
 
 def zigzag_function(fn: Any) -> Feedback:
     """Lesson 14, exercise 2: ``fn(device, n)`` gives the two chunks (of 2N) that device holds under the zig-zag."""
-    if _unsolved(fn):
-        return _report("unsolved", "define `zigzag(device, n)` and pass it to the check.")
-    if not callable(fn):
-        return _report("wrong", f"expected a function, got {type(fn).__name__} {fn!r}. Pass the function "
-                                "itself: check.zigzag_function(zigzag), no parentheses.")
+    early = _function_answer(fn, "zigzag(device, n)", "check.zigzag_function(zigzag)")
+    if early is not None:
+        return early
     for n in range(1, 9):
         seen = []
         for device in range(n):
