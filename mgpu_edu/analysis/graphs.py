@@ -93,32 +93,38 @@ def kept_for_backward(forward: Callable[..., Any], backward: Callable[[Any], Any
         >>> [(k.op, k.shape, k.nbytes, k.read_by) for k in kept]  # doctest: +SKIP
         [('Relu', (8, 3), 96, ('ReluGrad',))]
     """
+    ops, made, gradients = _traced(forward, backward, *inputs)
+    live = _feeding(gradients, made)
+    readers: dict[str, list[str]] = collections.defaultdict(list)
+    tensors: dict[str, Any] = {}
+    for op in ops:
+        if op not in live or op.type in SHAPE_ONLY:
+            continue
+        for tensor in op.inputs:
+            if tensor.op in made and tensor.op.type not in NOT_ACTIVATIONS:
+                tensors[tensor.name] = tensor
+                readers[tensor.name].append(op.type)
+    return [Kept(name, tensor.op.type, short_device(tensor.op.device), tuple(tensor.shape.as_list()), _nbytes(tensor),
+                 tuple(sorted(set(readers[name])))) for name, tensor in tensors.items()]
+
+
+def _traced(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any) -> tuple[list, set, Any]:
+    """Trace ``backward(forward(*inputs))`` as one ``tf.function`` (nothing runs): every op of the step, the set
+    of those the forward pass made, and the gradients (symbolic tensors of that graph)."""
     tf = quiet.import_tensorflow()
-    found: list[Kept] = []
+    seen: dict[str, Any] = {}
 
     @tf.function(autograph=False)
     def step(*args: Any) -> Any:
         graph = tf.compat.v1.get_default_graph()
         result = forward(*args)
-        made = set(graph.get_operations())
-        gradients = backward(result)
-        live = _feeding(gradients, made)
-        readers: dict[str, list[str]] = collections.defaultdict(list)
-        tensors: dict[str, Any] = {}
-        for op in graph.get_operations():
-            if op not in live or op.type in SHAPE_ONLY:
-                continue
-            for tensor in op.inputs:
-                if tensor.op in made and tensor.op.type not in NOT_ACTIVATIONS:
-                    tensors[tensor.name] = tensor
-                    readers[tensor.name].append(op.type)
-        for name, tensor in tensors.items():
-            found.append(Kept(name, tensor.op.type, short_device(tensor.op.device), tuple(tensor.shape.as_list()),
-                              _nbytes(tensor), tuple(sorted(set(readers[name])))))
-        return gradients
+        seen["made"] = set(graph.get_operations())
+        seen["gradients"] = backward(result)
+        seen["ops"] = list(graph.get_operations())  # before tf.function adds the outputs' identities
+        return seen["gradients"]
 
     step.get_concrete_function(*inputs)
-    return found
+    return seen["ops"], seen["made"], seen["gradients"]
 
 
 def _feeding(outputs: Any, made: set[Any]) -> set[Any]:
@@ -139,21 +145,11 @@ def op_devices(forward: Callable[..., Any], backward: Callable[[Any], Any], *inp
     """Where the ops of a traced forward and backward pass ask to run: {"forward": {device: ops},
     "backward": {device: ops}}, "" for an op that names no device (TensorFlow then places it itself).
     Constants and inputs are not counted."""
-    tf = quiet.import_tensorflow()
+    ops, made, _ = _traced(forward, backward, *inputs)
     counts: dict[str, dict[str, int]] = {"forward": collections.Counter(), "backward": collections.Counter()}
-
-    @tf.function(autograph=False)
-    def step(*args: Any) -> Any:
-        graph = tf.compat.v1.get_default_graph()
-        result = forward(*args)
-        made = set(graph.get_operations())
-        gradients = backward(result)
-        for op in graph.get_operations():
-            if op.type not in ("Const", "Placeholder"):
-                counts["forward" if op in made else "backward"][short_device(op.device)] += 1
-        return gradients
-
-    step.get_concrete_function(*inputs)
+    for op in ops:
+        if op.type not in ("Const", "Placeholder"):
+            counts["forward" if op in made else "backward"][short_device(op.device)] += 1
     return {phase: dict(sorted(c.items())) for phase, c in counts.items()}
 
 

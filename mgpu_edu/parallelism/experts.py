@@ -46,11 +46,7 @@ class Routing:
     @property
     def dropped(self) -> int:
         """Token choices that found their expert full."""
-        return int(round(float(self._tf().reduce_sum(self.wanted - self.kept))))
-
-    @staticmethod
-    def _tf() -> Any:
-        return quiet.import_tensorflow()
+        return int(round(float(quiet.import_tensorflow().reduce_sum(self.wanted - self.kept))))
 
 
 def random_weights(hidden: int, experts: int, ffn: int, seed: int = 0) -> dict[str, Any]:
