@@ -135,7 +135,7 @@ def ring_attention(q: Any, k: Any, v: Any, devices: Sequence[str], causal: bool 
     n, scale, (batch, heads, seq, dim) = len(devices), 1 / math.sqrt(int(q.shape[-1])), q.shape.as_list()
     queries, kv = _place(q, k, v, devices, layout)
     width = seq // (len(chunks_of(0, n, layout)) * n)  # one chunk's length
-    state = []  # per device, per query chunk: running maximum m, running sum l, running output o
+    state = []  # per device, per query chunk: (peak, total, out), as fold_block keeps them
     for d, device in enumerate(devices):
         with tf.device(device):
             state.append([(tf.fill([batch, heads, width, 1], tf.constant(-math.inf, q.dtype)),

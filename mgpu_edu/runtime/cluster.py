@@ -189,7 +189,6 @@ class LocalCluster:
         #: True when the workers run in a network namespace whose only interface is loopback.
         self.isolated = network_isolation_available() if isolate is None else isolate
         self.launcher: subprocess.Popen | None = None
-        self.failed = False
         self._log_dir: Path | None = None  # made when first needed: a cluster never started leaves nothing behind
         self.processes: list[subprocess.Popen] = []
         self.addresses: list[str] = []
@@ -329,12 +328,10 @@ class LocalCluster:
                 return self.log(worker)
             self._raise_if_failed()
             if self._codes()[worker] is not None and text not in self.log(worker):
-                self.failed = True
                 self.stop()
                 raise WorkerFailed(f"worker {worker} finished without printing {text!r}; the others were stopped. "
                                    f"Logs are in {self.log_dir}.")
             time.sleep(0.05)
-        self.failed = True
         self.stop()
         raise TimeoutError(f"worker {worker} did not print {text!r} within {timeout:.0f} s; the workers were "
                            f"stopped. Logs are in {self.log_dir}.")
@@ -361,7 +358,6 @@ class LocalCluster:
             if code is not None:
                 return code
             time.sleep(0.05)
-        self.failed = True
         self.stop()
         raise TimeoutError(f"worker {worker} did not exit within {timeout:.0f} s; the workers were stopped. "
                            f"Logs are in {self.log_dir}.")
@@ -374,7 +370,6 @@ class LocalCluster:
     def _raise_if_failed(self) -> None:
         for index, code in enumerate(self._codes()):
             if code not in (None, 0):
-                self.failed = True
                 self.stop()
                 tail = "\n".join(self.log(index).splitlines()[-15:])
                 raise WorkerFailed(f"worker {index} exited with code {code}; the others were stopped. "
@@ -388,7 +383,6 @@ class LocalCluster:
             if all(code == 0 for code in self._codes()):
                 return [self.log(i) for i in range(self.workers)]
             time.sleep(0.1)
-        self.failed = True
         self.stop()
         raise TimeoutError(f"the {self.workers} workers did not finish within {timeout:.0f} s and were stopped. "
                            f"Logs are in {self.log_dir}.")
