@@ -7,9 +7,9 @@ The package is laid out by role (CONTRIBUTING.md draws it):
 - ``mgpu_edu.runtime``: where the lessons run: logical devices, the environment, TensorFlow imported
   quietly, fresh processes, strategies, local clusters of worker processes;
 - ``mgpu_edu.workloads``: what they train: offline datasets and small Keras models;
-- ``mgpu_edu.parallelism``: the algorithms the lessons teach, one module each: all-reduce, data
-  parallelism by hand, MirroredStrategy runs, model and pipeline parallelism, ZeRO sharding,
-  asynchronous staleness;
+- ``mgpu_edu.parallelism``: the algorithms the lessons teach, one module each: all-reduce and the other
+  collectives, data parallelism by hand, MirroredStrategy runs, model and pipeline parallelism, ZeRO
+  sharding, asynchronous staleness, tensor, context and expert parallelism, DTensor meshes;
 - ``mgpu_edu.analysis``: models and measurements of cost: memory, time, recomputation, checkpoints;
 - ``mgpu_edu.display``: what learners see: drawings (matplotlib), widgets (ipywidgets), shown source
   and the exercises' feedback;
@@ -44,8 +44,8 @@ __version__ = "0.1.0"
 MODULES = {
     **dict.fromkeys(("cluster", "devices", "env", "processes", "quiet", "renames", "strategies"), "runtime"),
     **dict.fromkeys(("data", "gpt", "models"), "workloads"),
-    **dict.fromkeys(("allreduce", "collectives", "context", "experts", "mirrored", "parallel", "pipeline", "sharding",
-                    "staleness", "tensor"), "parallelism"),
+    **dict.fromkeys(("allreduce", "collectives", "context", "experts", "meshes", "mirrored", "parallel", "pipeline",
+                    "sharding", "staleness", "tensor"), "parallelism"),
     **dict.fromkeys(("costmodel", "graphs", "memory", "perf", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
     **dict.fromkeys(("assignments", "cli", "doctor", "markers", "preprocessors"), "course"),

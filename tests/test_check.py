@@ -673,3 +673,63 @@ def test_zigzag_function(fn, status_, hint):
 def test_dropped_tokens(answer, status_, hint):
     feedback = check.dropped_tokens(answer, tokens=64, experts=8, top_k=2, capacity_factor=1.1, routed=30)
     assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+_WHOLE = 1024 * 512 * 4  # the gathered tensor, 2,097,152 bytes
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (2 * 7 / 8 * _WHOLE, "correct", "zero-filled copy"),
+    (3_670_016, "correct", "zero-filled copy"),
+    (7 / 8 * _WHOLE, "wrong", "a ring all-gather's bytes"),
+    (_WHOLE, "wrong", "the whole tensor's size"),
+    (_WHOLE / 8, "wrong", "one device's share"),
+    (2 * 7 * _WHOLE, "wrong", "multiplies by N − 1"),
+    (5, "wrong", "sends 2(N−1)/N · S"),
+    ("many", "wrong", "expected a number of bytes"),
+    (None, "unsolved", "number of bytes"),
+])
+def test_dtensor_gather_bytes(answer, status_, hint):
+    feedback = check.dtensor_gather_bytes(answer, n=8, rows=1024, cols=512)
+    assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+_MEGATRON = {"wq": (None, "model"), "wk": (None, "model"), "wv": (None, "model"), "wo": ("model", None),
+             "w1": (None, "model"), "b1": ("model",), "w2": ("model", None)}
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (_MEGATRON, "correct", "by columns, wo and w2 by rows"),
+    ({**_MEGATRON, "w1": [None, "model"]}, "correct", "by rows"),  # lists do as well as tuples
+    ({**_MEGATRON, "ln1_gamma": (None,), "bo": [None]}, "correct", "by rows"),  # whole weights may be listed
+    ({**_MEGATRON, "wq": ("unsharded", "model"), "bo": ("unsharded",)}, "correct", "by rows"),  # DTensor's spelling
+    ({**_MEGATRON, "b1": ("model")}, "wrong", "a string, not a tuple"),
+    ({**_MEGATRON, "wo": (None, "model")}, "wrong", "split the rows"),
+    ({**_MEGATRON, "w2": (None, "model")}, "wrong", "w2's rows meet the columns"),
+    ({**_MEGATRON, "b1": (None,)}, "wrong", "split it like those columns"),
+    ({k: v for k, v in _MEGATRON.items() if k != "wk"}, "wrong", "wk is missing"),
+    ({**_MEGATRON, "bo": ("model",)}, "wrong", "held whole by each device"),
+    ([("wq", (None, "model"))], "wrong", "expected a dict"),
+    (..., "unsolved", "dict of weight name"),
+])
+def test_megatron_layouts(answer, status_, hint):
+    feedback = check.megatron_layouts(answer)
+    assert feedback.status == status_ and hint in feedback.message, feedback
+
+
+def test_megatron_layouts_are_what_tensor_parallelism_splits():
+    """The check's answer is the split lesson 13 makes by hand: each split weight's shard has 1/t of that axis."""
+    from mgpu_edu.parallelism import meshes, tensor
+
+    hidden, heads, t = 8, 2, 2
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal(shape) for name, shape in
+               {"wq": (hidden, hidden), "wk": (hidden, hidden), "wv": (hidden, hidden), "wo": (hidden, hidden),
+                "w1": (hidden, 4 * hidden), "b1": (4 * hidden,), "w2": (4 * hidden, hidden), "bo": (hidden,),
+                "b2": (hidden,), "ln1_gamma": (hidden,), "ln1_beta": (hidden,), "ln2_gamma": (hidden,),
+                "ln2_beta": (hidden,)}.items()}
+    shard = tensor.shard_block(weights, t, heads)[0]
+    for name, whole in weights.items():
+        axes = meshes.MEGATRON.get(name, (None,) * whole.ndim)
+        expected = tuple(size // t if axis else size for size, axis in zip(whole.shape, axes, strict=True))
+        assert tuple(np.shape(shard[name])) == expected, name

@@ -970,3 +970,67 @@ def dropped_tokens(answer: Any, tokens: int, experts: int, top_k: int, capacity_
                       (routed, "the expert takes its first `capacity` choices; only the rest are dropped.")],
                   ". capacity = ⌈capacity factor · k · tokens per group / experts⌉; an expert drops what is "
                   "routed to it beyond that.")
+
+
+def dtensor_gather_bytes(answer: Any, n: int, rows: int, cols: int, itemsize: int = 4) -> Feedback:
+    """Lesson 15, exercise 1: bytes each device sends when DTensor, on CPUs, gathers a tensor split n ways."""
+    early, answer = _read_number(answer, "set `answer` to a number of bytes.", "a number of bytes")
+    if early is not None:
+        return early
+    whole = rows * cols * itemsize
+    expected = 2 * (n - 1) / n * whole
+    return _judge(answer, expected, f"{expected:,.0f} bytes: by default (CPUs and GPUs) DTensor puts each device's "
+                  f"share into a zero-filled "
+                  f"copy of the whole tensor ({whole:,} bytes) and all-reduces it, and a ring all-reduce sends "
+                  f"2(N−1)/N of it: twice what a ring all-gather would.", [
+                      ((n - 1) / n * whole, "that is a ring all-gather's bytes, (N−1)/N of the whole. Look again at "
+                                            "the op section 3 found: DTensor gathers with an all-reduce here."),
+                      (whole, "that is the whole tensor's size; a ring all-reduce sends 2(N−1)/N of what each "
+                              "device puts in."),
+                      (whole / n, "that is one device's share; what goes into the all-reduce is the zero-padded "
+                                  "whole tensor."),
+                      (2 * (n - 1) * whole, "that multiplies by N − 1 where a ring all-reduce sends 2(N−1)/N of "
+                                            "the tensor: each of its 2(N−1) steps sends one chunk, 1/N of it.")],
+                  ". Each device all-reduces a zero-filled tensor of the whole shape; a ring all-reduce of S bytes "
+                  "sends 2(N−1)/N · S per device.", rel_tol=1e-9)
+
+
+def megatron_layouts(answer: Any) -> Feedback:
+    """Lesson 15, exercise 2: the layouts of a transformer block's weights for Megatron's tensor parallelism."""
+    from mgpu_edu.parallelism.meshes import MEGATRON, TENSOR
+
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a dict of weight name → axes, e.g. {'wq': (None, 'model'), …}.")
+    if not isinstance(answer, dict):
+        return _report("wrong", f"expected a dict of weight name → axes, got {type(answer).__name__} {answer!r}.")
+    why = {"wq": "each device computes its own heads, so it needs all rows of wq and some columns",
+           "wk": "keys, like queries, are computed head by head: split the columns",
+           "wv": "values, like queries, are computed head by head: split the columns",
+           "wo": "each device holds some heads' outputs, which meet the rows of wo for those heads: split the "
+                 "rows, and one all-reduce sums the partial results",
+           "w1": "the MLP's first matrix is split by columns, so GELU runs on each device's columns alone",
+           "b1": "b1 adds to the columns of x·w1 each device holds: split it like those columns",
+           "w2": "w2's rows meet the columns of w1 each device holds: split the rows, then one all-reduce"}
+    for name, axes in answer.items():
+        if isinstance(axes, str):
+            return _report("wrong", f"{name} → {axes!r} is a string, not a tuple: in Python ({axes!r}) is just "
+                                    f"{axes!r}. Write one entry per dimension, with a comma for one: ({axes!r},).")
+    def spelled(axes: Any) -> Any:  # DTensor's own spelling, "unsharded", means None
+        return tuple(None if a == "unsharded" else a for a in axes) if isinstance(axes, (list, tuple)) else axes
+
+    for name, axes in MEGATRON.items():
+        if name not in answer:
+            return _report("wrong", f"{name} is missing; {why[name]}: {name} → {axes}.")
+        got = spelled(answer[name])
+        if got != axes:
+            return _report("wrong", f"{name} → {got!r} is not it: {why[name]}.")
+    for name, axes in answer.items():
+        if name in MEGATRON:
+            continue
+        if not isinstance(axes, (list, tuple)) or any(a is not None for a in spelled(axes)):
+            return _report("wrong", f"{name} → {axes!r}: every weight outside the split matrices (LayerNorms, the "
+                                    "output biases bo and b2, embeddings, head) is held whole by each device, "
+                                    "(None,) per dimension; or leave it out of the dict.")
+    return _report("correct", f"the {len(MEGATRON)} split weights are Megatron's: queries, keys, values and w1 (with "
+                              f"b1) by columns, wo and w2 by rows, along {TENSOR!r}; DTensor inserts the all-reduces "
+                              "after wo and w2 that lesson 13 wrote by hand.")

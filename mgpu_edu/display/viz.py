@@ -613,3 +613,43 @@ def draw_expert_load(wanted: Sequence[float], kept: Sequence[float], capacity: i
     if title:
         ax.set_title(title, fontsize=9)
     return ax
+
+
+def draw_tensor_layout(axes: dict[str, int], specs: Sequence[str | None], shape: Sequence[int],
+                       ax: Axes | None = None, title: str = "") -> Axes:
+    """A 2-D tensor on a mesh: each block in the colour of the device holding it, with every holder's number.
+
+    ``axes`` is the mesh (axis name → size), ``specs`` the layout (the mesh axis splitting each dimension,
+    or None). Blocks held by several devices (replicated along an axis) list all of them in grey.
+
+    Example:
+        >>> ax = draw_tensor_layout({"batch": 2, "model": 4}, ["batch", "model"], [8, 16])  # doctest: +SKIP
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from mgpu_edu.parallelism.meshes import holders
+
+    if len(shape) != 2:
+        raise ValueError(f"draw_tensor_layout draws 2-D tensors; shape {list(shape)} has {len(shape)} dimensions.")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(3.2, 2.6))
+    owners = holders(axes, specs, shape)
+    rows = max(b[0] for b in owners) + 1
+    cols = max(b[1] for b in owners) + 1
+    for (r, c), devices in owners.items():
+        color = device_color(devices[0]) if len(devices) == 1 else "#d9d9d9"
+        ax.add_patch(Rectangle((c / cols, 1 - (r + 1) / rows), 1 / cols, 1 / rows, facecolor=color,
+                               edgecolor="white", linewidth=2))
+        label = ",".join(str(d) for d in devices)
+        ax.text((c + 0.5) / cols, 1 - (r + 0.5) / rows, label, ha="center", va="center", fontsize=8,
+                color="white" if len(devices) == 1 else "black", fontweight="bold", wrap=True)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel(f"dim 1 ({shape[1]}): {specs[1] or 'not split'}", fontsize=8)
+    ax.set_ylabel(f"dim 0 ({shape[0]}): {specs[0] or 'not split'}", fontsize=8)
+    mesh = " × ".join(f"{name}={size}" for name, size in axes.items())
+    ax.set_title(title or f"mesh {mesh}", fontsize=9)
+    return ax

@@ -306,20 +306,10 @@ class SplitRun:
         return tf.concat(self.logits, axis=1) if self.sequence_parallel else self.logits[0]
 
 
-def _model_weights(model: Any) -> dict[str, Any]:
-    tf = quiet.import_tensorflow()
-    weights = {"token_embedding": model.tokens, "position_embedding": model.positions,
-               "final_gamma": model.final_gamma, "final_beta": model.final_beta, "lm_head": model.head}
-    weights = {name: tf.convert_to_tensor(w) for name, w in weights.items()}
-    for i, layer in enumerate(model.blocks):
-        weights.update({f"block{i}/{name}": w for name, w in layer.weights_by_name().items()})
-    return weights
-
-
 def model_gradients(model: Any, tokens: Any, targets: Any) -> tuple[Any, float, dict[str, Any]]:
     """The one-device reference: logits, mean next-token loss and every weight's gradient, named as in SplitRun."""
     tf = quiet.import_tensorflow()
-    import keras
+    from mgpu_edu.workloads import gpt
 
     names = {id(w): n for n, w in [("token_embedding", model.tokens), ("position_embedding", model.positions),
                                    ("final_gamma", model.final_gamma), ("final_beta", model.final_beta),
@@ -329,7 +319,7 @@ def model_gradients(model: Any, tokens: Any, targets: Any) -> tuple[Any, float, 
     variables = [w for w in model.trainable_variables]
     with tf.GradientTape() as tape:
         logits = model(tokens)
-        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+        loss = gpt.next_token_loss(logits, targets)
     grads = tape.gradient(loss, variables)
     return logits, float(loss), {names[id(v)]: tf.convert_to_tensor(g) for v, g in zip(variables, grads, strict=True)}
 
@@ -352,7 +342,7 @@ def device_copies(model: Any, devices: Sequence[str]) -> list[dict[str, Any]]:
     from mgpu_edu.workloads import gpt
 
     t = len(devices)
-    whole = _model_weights(model)
+    whole = model.weights_by_name()
     per_block = [shard_block({n: whole[f"block{i}/{n}"] for n in gpt.BLOCK_WEIGHTS}, t, model.heads)
                  for i in range(len(model.blocks))]
     copies: list[dict[str, Any]] = []

@@ -73,6 +73,35 @@ def block(x: Any, w: dict[str, Any], heads: int) -> Any:
     return x + mlp(layer_norm(x, w["ln2_gamma"], w["ln2_beta"]), w["w1"], w["b1"], w["w2"]) + w["b2"]
 
 
+def embed(tokens: Any, token_embedding: Any, position_embedding: Any) -> Any:
+    """Token ids [b, s] → the blocks' input [s, b, hidden]: each token's vector plus its position's."""
+    x = tf.gather(token_embedding, tokens) + position_embedding[: tf.shape(tokens)[1]]
+    return tf.transpose(x, [1, 0, 2])
+
+
+def head_logits(x: Any, gamma: Any, beta: Any, head: Any) -> Any:
+    """The blocks' output [s, b, hidden] → logits [b, s, vocab]: a final LayerNorm, then the head."""
+    return tf.transpose(tf.matmul(layer_norm(x, gamma, beta), head), [1, 0, 2])
+
+
+def forward(weights: dict[str, Any], tokens: Any, heads: int) -> Any:
+    """TinyGPT's logits [b, s, vocab] from its weights by name (``TinyGPT.weights_by_name``), as one function.
+
+    The same ops as calling the model, on whatever tensors ``weights`` holds: plain tensors on one
+    device, or DTensors laid out on a mesh (lesson 15).
+    """
+    x = embed(tokens, weights["token_embedding"], weights["position_embedding"])
+    layers = sorted({name.split("/")[0] for name in weights if name.startswith("block")}, key=lambda b: int(b[5:]))
+    for layer in layers:
+        x = block(x, {name: weights[f"{layer}/{name}"] for name in BLOCK_WEIGHTS}, heads)
+    return head_logits(x, weights["final_gamma"], weights["final_beta"], weights["lm_head"])
+
+
+def next_token_loss(logits: Any, targets: Any) -> Any:
+    """The mean cross-entropy of the next token at every position (what every lesson's TinyGPT trains on)."""
+    return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(targets, logits, from_logits=True))
+
+
 class Block(keras.layers.Layer):
     """A transformer block as a Keras layer: its weights are named as in BLOCK_WEIGHTS."""
 
@@ -120,14 +149,20 @@ class TinyGPT(keras.Model):
 
     def embed(self, tokens: Any) -> Any:
         """Token ids [b, s] → the blocks' input [s, b, hidden]."""
-        s = tf.shape(tokens)[1]
-        x = tf.gather(self.tokens, tokens) + self.positions[:s]
-        return tf.transpose(x, [1, 0, 2])
+        return embed(tokens, self.tokens, self.positions)
 
     def logits(self, x: Any) -> Any:
         """The blocks' output [s, b, hidden] → logits [b, s, vocab]."""
-        x = layer_norm(x, self.final_gamma, self.final_beta)
-        return tf.transpose(tf.matmul(x, self.head), [1, 0, 2])
+        return head_logits(x, self.final_gamma, self.final_beta, self.head)
+
+    def weights_by_name(self) -> dict[str, Any]:
+        """Every weight as a tensor, by the name :func:`forward` takes ("lm_head", "block0/wq", ...)."""
+        weights = {"token_embedding": self.tokens, "position_embedding": self.positions,
+                   "final_gamma": self.final_gamma, "final_beta": self.final_beta, "lm_head": self.head}
+        weights = {name: tf.convert_to_tensor(w) for name, w in weights.items()}
+        for i, layer in enumerate(self.blocks):
+            weights.update({f"block{i}/{name}": w for name, w in layer.weights_by_name().items()})
+        return weights
 
     def call(self, tokens: Any) -> Any:
         x = self.embed(tokens)
