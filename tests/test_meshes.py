@@ -111,6 +111,21 @@ for name, axes, tensor_axis in [("dp", {"batch": 8, "model": 1}, None), ("dp_tp"
     entry["trained_diff"] = max(float(np.abs(meshes.whole(ws[n].read_value()) - reference[n]).max()) for n in start)
     result[name] = entry
 result["ref_loss"] = ref_loss
+line = meshes.make_mesh({"batch": 8})
+acts = np.random.default_rng(1).standard_normal((16, 8, 32)).astype(np.float32)
+weight = dtensor.DVariable(meshes.put(np.ones((32, 16), np.float32), meshes.layout(line, None, None)))
+def weight_gradient(x, product):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(product(x, weight)))
+    return tape.gradient(loss, weight)
+seq_first = meshes.put(acts, meshes.layout(line, None, "batch", None))
+runs = {"matmul_sbh": meshes.compiled_collectives(weight_gradient, seq_first, tf.matmul),
+        "matmul_bsh": meshes.compiled_collectives(
+            weight_gradient, meshes.put(acts.transpose(1, 0, 2), meshes.layout(line, "batch", None, None)), tf.matmul),
+        "einsum_sbh": meshes.compiled_collectives(weight_gradient, seq_first, gpt.dense)}
+result["three_ways"] = {k: {"shape": list(r.physical[0].shape), "sent": r.sent} for k, r in runs.items()}
+result["three_ways"]["same_gradient"] = all(np.allclose(meshes.whole(r.result), meshes.whole(runs["matmul_bsh"].result),
+                                                        rtol=1e-5) for r in runs.values())
 # the by-hand versions of lessons 02 and 13, on the same weights
 def per_example(y, logits):
     return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True), axis=1)
@@ -198,14 +213,20 @@ def test_tensor_parallel_inserts_megatrons_all_reduces(dtensor_run):
     assert len(dp_tp) == 8 and all(c[2] == 4 for c in dp_tp)  # the batch halves each device's activations
 
 
-def test_data_parallel_gradients_travel_in_one_combined_all_reduce_of_s_times_the_weights(dtensor_run):
-    """DTensor combines the gradient all-reduces into one bucket; tf.matmul of [s, b, h] activations is a batched
-    matmul whose weight gradient is all-reduced per position, before the sum over s: far above the weights' size."""
-    dp = dtensor_run["dp"]["physical"]
-    groups = [c for c in dp if c[2] == 8]
-    combined = max(groups, key=lambda c: c[1][0] if c[1] else 0)
+def test_data_parallel_gradients_travel_in_one_padded_bucket_of_the_weights(dtensor_run):
+    """DTensor combines the gradient all-reduces into one bucket: every weight once, padded to 1,024 values."""
     weights = 64 * 32 + 16 * 32 + 2 * 32 + 32 * 64 + 2 * (4 * 32 + 4 * 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32)
-    assert combined[1][0] > 10 * weights
+    buckets = [c for c in dtensor_run["dp"]["physical"] if c[1] and c[2] == 8]
+    assert buckets == [["CollectiveReduceV2", [-(-weights // 1024) * 1024], 8, buckets[0][3]]]
+
+
+def test_a_batched_matmul_makes_dtensor_all_reduce_per_position(dtensor_run):
+    """tf.matmul of [s, b, h] by a weight all-reduces the weight's per-position gradients (s × the bytes);
+    gpt.dense's einsum, or the batch first, all-reduces the weight's size. The gradient is the same."""
+    ways = dtensor_run["three_ways"]
+    assert ways["matmul_sbh"]["shape"] == [16, 32, 16] and ways["einsum_sbh"]["shape"] == [32, 16]
+    assert ways["matmul_sbh"]["sent"] == 16 * ways["matmul_bsh"]["sent"] == 16 * ways["einsum_sbh"]["sent"]
+    assert ways["same_gradient"]
 
 
 @pytest.mark.slow  # another 8-device process: make test runs it, make check doesn't

@@ -264,7 +264,7 @@ def parallel_block(tape: SplitTape, xs: Sequence[Any], shards: Sequence[dict[str
     with tf.name_scope("edge"):
         normed = enter(tape, normed, block, "attention input")
     with tf.name_scope("split"):
-        partial = tape.compute(lambda d, x: tf.matmul(
+        partial = tape.compute(lambda d, x: gpt.dense(
             gpt.causal_attention(x, shards[d]["wq"], shards[d]["wk"], shards[d]["wv"], heads // t), shards[d]["wo"]),
             normed)
     with tf.name_scope("edge"):
@@ -376,7 +376,7 @@ def split_forward(model: Any, copies: Sequence[dict[str, Any]], tokens: Any, tar
 
     def head(d: int, x: Any) -> tuple[Any, Any]:
         (start, end), w = spans[d], copies[d]
-        logits = tf.transpose(tf.matmul(gpt.layer_norm(x, w["final_gamma"], w["final_beta"]), w["lm_head"]), [1, 0, 2])
+        logits = gpt.head_logits(x, w["final_gamma"], w["final_beta"], w["lm_head"])
         token_losses = keras.losses.sparse_categorical_crossentropy(targets[:, start:end], logits, from_logits=True)
         # each device's own loss: the whole (tensor parallelism) or its chunk's share (sequence parallelism)
         return logits, tf.reduce_sum(token_losses) / (batch * seq)

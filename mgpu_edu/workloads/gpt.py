@@ -32,6 +32,16 @@ def layer_norm(x: Any, gamma: Any, beta: Any, epsilon: float = 1e-5) -> Any:
     return (x - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
 
 
+def dense(x: Any, w: Any) -> Any:
+    """``x`` ([s, b, in]) times ``w`` ([in, out]) → [s, b, out], written as one einsum.
+
+    The same numbers as ``tf.matmul(x, w)``, but one contraction over positions and batch together:
+    ``tf.matmul`` of a 3-D ``x`` is a matmul batched over positions, whose gradient for ``w`` is formed
+    per position and then summed, and DTensor all-reduces those per-position products (lesson 15).
+    """
+    return tf.einsum("sbi,io->sbo", x, w)
+
+
 def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int) -> Any:
     """Causal multi-head attention of ``x`` ([s, b, hidden]) before its output projection: [s, b, heads·d_head].
 
@@ -44,7 +54,7 @@ def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int) -> Any:
     d_head = width // heads
 
     def split(w: Any) -> Any:  # [s, b, heads·d] → [b, heads, s, d]
-        return tf.transpose(tf.reshape(tf.matmul(x, w), [s, b, heads, d_head]), [1, 2, 0, 3])
+        return tf.transpose(tf.reshape(dense(x, w), [s, b, heads, d_head]), [1, 2, 0, 3])
 
     out = attention(split(wq), split(wk), split(wv))  # [b, heads, s, d]
     return tf.reshape(tf.transpose(out, [2, 0, 1, 3]), [s, b, width])
@@ -63,13 +73,13 @@ def attention(q: Any, k: Any, v: Any, causal: bool = True) -> Any:
 
 def mlp(x: Any, w1: Any, b1: Any, w2: Any) -> Any:
     """The block's MLP before its output bias: GELU(x·w1 + b1)·w2."""
-    return tf.matmul(tf.nn.gelu(tf.matmul(x, w1) + b1), w2)
+    return dense(tf.nn.gelu(dense(x, w1) + b1), w2)
 
 
 def block(x: Any, w: dict[str, Any], heads: int) -> Any:
     """One pre-LayerNorm transformer block on ``x`` ([s, b, hidden]) with weights ``w`` (names: BLOCK_WEIGHTS)."""
     attended = causal_attention(layer_norm(x, w["ln1_gamma"], w["ln1_beta"]), w["wq"], w["wk"], w["wv"], heads)
-    x = x + tf.matmul(attended, w["wo"]) + w["bo"]
+    x = x + dense(attended, w["wo"]) + w["bo"]
     return x + mlp(layer_norm(x, w["ln2_gamma"], w["ln2_beta"]), w["w1"], w["b1"], w["w2"]) + w["b2"]
 
 
@@ -81,7 +91,7 @@ def embed(tokens: Any, token_embedding: Any, position_embedding: Any) -> Any:
 
 def head_logits(x: Any, gamma: Any, beta: Any, head: Any) -> Any:
     """The blocks' output [s, b, hidden] → logits [b, s, vocab]: a final LayerNorm, then the head."""
-    return tf.transpose(tf.matmul(layer_norm(x, gamma, beta), head), [1, 0, 2])
+    return tf.transpose(dense(layer_norm(x, gamma, beta), head), [1, 0, 2])
 
 
 def forward(weights: dict[str, Any], tokens: Any, heads: int) -> Any:
