@@ -9,8 +9,9 @@ The package is laid out by role (CONTRIBUTING.md draws it):
 - ``mgpu_edu.workloads``: what they train: offline datasets and small Keras models;
 - ``mgpu_edu.parallelism``: the algorithms the lessons teach, one module each: all-reduce and the other
   collectives, data parallelism by hand, MirroredStrategy runs, model and pipeline parallelism, ZeRO
-  sharding, asynchronous staleness, tensor, context and expert parallelism, DTensor meshes;
-- ``mgpu_edu.analysis``: models and measurements of cost: memory, time, recomputation, checkpoints;
+  sharding, asynchronous staleness, tensor, context and expert parallelism, DTensor meshes, 3-D training;
+- ``mgpu_edu.analysis``: models and measurements of cost: memory, time, recomputation, checkpoints, the
+  traced graph, and a planner that chooses a layout;
 - ``mgpu_edu.display``: what learners see: drawings (matplotlib), widgets (ipywidgets), shown source
   and the exercises' feedback;
 - ``mgpu_edu.course``: the course itself and its tooling: the manifest, student versions, nbgrader,
@@ -45,8 +46,8 @@ MODULES = {
     **dict.fromkeys(("cluster", "devices", "env", "processes", "quiet", "renames", "strategies"), "runtime"),
     **dict.fromkeys(("data", "gpt", "models"), "workloads"),
     **dict.fromkeys(("allreduce", "collectives", "context", "experts", "meshes", "mirrored", "parallel", "pipeline",
-                    "sharding", "staleness", "tensor"), "parallelism"),
-    **dict.fromkeys(("costmodel", "graphs", "memory", "perf", "recovery", "tradeoffs"), "analysis"),
+                    "sharding", "staleness", "tensor", "threed"), "parallelism"),
+    **dict.fromkeys(("costmodel", "graphs", "memory", "perf", "planner", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
     **dict.fromkeys(("assignments", "cli", "doctor", "markers", "preprocessors"), "course"),
 }

@@ -381,13 +381,34 @@ def test_expert_load_in_jupyterlab(lab, tmp_path):
     assert "of 128 token choices dropped" in after
 
 
+@pytest.mark.parametrize("lab", ["16_capstone_3d.ipynb"], indirect=True)
+def test_planner_in_jupyterlab(lab, tmp_path):
+    """Lesson 16's planner: the cap slider and the job menu each recount the layouts that fit, as planner.plan
+    counts them."""
+    from mgpu_edu import planner
+
+    with _lesson_widget(lab, "16_capstone_3d.ipynb", ".mgpu-planner", "planner", tmp_path) as (page, widget):
+        cap = int(_readout(widget, "GB sent ≤"))
+        _redraw(page, widget, _press(page, widget, "GB sent ≤", "ArrowRight"))
+        assert int(_readout(widget, "GB sent ≤")) == cap + 10
+        model, cluster, batch, _ = planner.PUZZLES["65B on 64 H100s"]
+        count = len(planner.plan(model, cluster, batch, max_sent=(cap + 10) * 1e9))
+        _shows(page, widget, f"at most {cap + 10:,} GB sent per device per step: {count} layouts fit")
+        _redraw(page, widget, lambda: widget.locator("select").select_option("6.7B on 8 T4s"))
+        after = _shows(page, widget, "6.7 B parameters on 8 devices of 15 GiB")
+        if RESULTS_DIR:
+            widget.screenshot(path=str(Path(RESULTS_DIR) / "planner.png"))
+    assert "64 sequences per step" in after
+
+
 DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
           "CollectiveStepper": test_collective_stepper_in_jupyterlab,
           "ReplicaBatchExplorer": test_explorer_in_jupyterlab,
           "PipelineExplorer": test_pipeline_explorer_in_jupyterlab,
           "ScalingSimulator": test_scaling_simulator_in_jupyterlab,
           "MemoryCalculator": test_memory_calculator_redraws_in_jupyterlab,
-          "ExpertLoad": test_expert_load_in_jupyterlab}
+          "ExpertLoad": test_expert_load_in_jupyterlab,
+          "Planner": test_planner_in_jupyterlab}
 
 
 def test_every_widget_a_lesson_shows_is_driven_in_the_browser():

@@ -1034,3 +1034,21 @@ def megatron_layouts(answer: Any) -> Feedback:
     return _report("correct", f"the {len(MEGATRON)} split weights are Megatron's: queries, keys, values and w1 (with "
                               f"b1) by columns, wo and w2 by rows, along {TENSOR!r}; DTensor inserts the all-reduces "
                               "after wo and w2 that lesson 13 wrote by hand.")
+
+
+def planner_puzzle(answer: Any, puzzle: str) -> Feedback:
+    """Lesson 16's puzzles: a ``planner.Layout`` that solves ``puzzle`` (a key of ``planner.PUZZLES``)."""
+    from mgpu_edu.analysis import planner
+
+    if _unsolved(answer):
+        return _report("unsolved", "set `answer` to a planner.Layout(data=…, tensor=…, pipeline=…, …).")
+    model, cluster, global_batch, max_sent = planner.PUZZLES[puzzle]
+    problem = planner.judge(puzzle, answer)
+    if problem:
+        label = answer.describe() if isinstance(answer, planner.Layout) else repr(answer)
+        return _report("wrong", f"{label}: {problem}")
+    p = planner.predict(model, answer, cluster)
+    limit = "" if max_sent is None else f" (at most {max_sent / 1e9:,.0f} GB allowed)"
+    return _report("correct", f"{answer.describe()}: {p.held_total / 2**30:,.1f} GiB on the busiest device, "
+                              f"{p.sent_total / 1e9:,.1f} GB sent per step{limit}, about {p.seconds:,.1f} s a step "
+                              "by the cost model.")

@@ -653,3 +653,29 @@ def draw_tensor_layout(axes: dict[str, int], specs: Sequence[str | None], shape:
     mesh = " × ".join(f"{name}={size}" for name, size in axes.items())
     ax.set_title(title or f"mesh {mesh}", fontsize=9)
     return ax
+
+
+def draw_grid(data: int, tensor: int, pipeline: int, ax: Axes | None = None) -> Axes:
+    """The devices of a data × tensor × pipeline grid: one column per pipeline stage, one row per data replica,
+    the tensor ranks side by side; each box shows the device's number (``threed.Grid.device``)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 * pipeline * tensor, 1.0 + 0.9 * data))
+    for s in range(pipeline):
+        for k in range(data):
+            for r in range(tensor):
+                device = s * data * tensor + k * tensor + r
+                x, y = s * (tensor + 0.6) + r, data - 1 - k
+                ax.add_patch(FancyBboxPatch((x + 0.05, y + 0.1), 0.9, 0.75, boxstyle="round,pad=0.02",
+                                            facecolor=device_color(s), edgecolor="black", alpha=0.85))
+                ax.text(x + 0.5, y + 0.47, f"device {device}\nrank {r}", ha="center", va="center", fontsize=8,
+                        color="white", fontweight="bold")
+        ax.text(s * (tensor + 0.6) + tensor / 2, data + 0.15, f"stage {s}", ha="center", fontsize=9)
+    for k in range(data):
+        ax.text(-0.15, data - 1 - k + 0.47, f"replica {k}", ha="right", va="center", fontsize=9)
+    ax.set_xlim(-1.3, pipeline * (tensor + 0.6))
+    ax.set_ylim(0, data + 0.5)
+    ax.axis("off")
+    return ax

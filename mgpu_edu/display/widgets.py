@@ -529,3 +529,65 @@ class ExpertLoad(_Displayed):
                            f"{tokens * k} token choices dropped; {int(kept.sum())} of {slots} slots filled "
                            f"({kept.sum() / slots:.0%}); auxiliary loss {float(routing.aux_loss):.2f} "
                            "(1 when even).</p>")
+
+
+class Planner(_Displayed):
+    """Choose a job (a model, a cluster and a global batch, ``planner.PUZZLES``) and a cap on the bytes each
+    device may send per step; shows how many layouts fit, the fastest five by the cost model, and what each
+    of them holds per device (:func:`mgpu_edu.planner.plan`). No TensorFlow: it only counts.
+
+    Example:
+        >>> Planner("65B on 64 H100s")  # doctest: +SKIP
+    """
+
+    def __init__(self, job: str = "65B on 64 H100s", max_sent_gb: int = 0) -> None:
+        import ipywidgets as w
+
+        from mgpu_edu.analysis import planner
+
+        self._planner = planner
+        one_of("job", job, planner.PUZZLES)
+        self.job = w.Dropdown(options=list(planner.PUZZLES), value=job, description="job")
+        self.max_sent = w.IntSlider(value=max_sent_gb, min=0, max=2000, step=10, description="GB sent ≤",
+                                    continuous_update=False)
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        self.root = w.VBox([w.HBox([self.job, self.max_sent]), self.info, self.image])
+        self.root.add_class("mgpu-planner")
+        self.job.observe(self._draw, names="value")
+        self.max_sent.observe(self._draw, names="value")
+        self._draw()
+
+    def options(self) -> list[Any]:
+        """The layouts that fit the chosen job under the cap, fastest first."""
+        model, cluster, batch, _ = self._planner.PUZZLES[self.job.value]
+        cap = self.max_sent.value * 1e9 if self.max_sent.value else None
+        return self._planner.plan(model, cluster, batch, max_sent=cap)
+
+    def _draw(self, change: Any = None) -> None:
+        found = self.options()
+        model, cluster, batch, _ = self._planner.PUZZLES[self.job.value]
+        cap = f"at most {self.max_sent.value:,} GB sent per device per step" if self.max_sent.value else "no cap"
+        rows = "".join(f"<tr><td>{p.layout.describe()}</td><td>{p.held_total / 2**30:,.1f} GiB</td>"
+                       f"<td>{p.sent_total / 1e9:,.1f} GB</td><td>{p.seconds:,.1f} s</td></tr>" for p in found[:5])
+        self.info.value = (f"<p>{model.params / 1e9:,.1f} B parameters on {cluster.devices} devices of "
+                           f"{cluster.memory_bytes / 2**30:,.0f} GiB, {batch:,} sequences per step, {cap}: "
+                           f"<b>{len(found)}</b> layouts fit.</p>"
+                           + (f"<table><tr><th>layout</th><th>held</th><th>sent</th><th>step (model)</th></tr>"
+                              f"{rows}</table>" if found else "<p>None fits: raise the cap.</p>"))
+        fig = viz.new_figure(7, 2.6)
+        ax = fig.add_subplot(1, 1, 1)
+        kinds = ("weights", "gradients", "optimizer", "activations")
+        bottom = [0.0] * len(found[:5])
+        for i, kind in enumerate(kinds):
+            values = [p.held[kind] / 2**30 for p in found[:5]]
+            ax.barh(range(len(values)), values, left=bottom, color=viz.PALETTE[i], label=kind)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.axvline(cluster.memory_bytes / 2**30, color="black", linestyle="--", linewidth=1)
+        ax.set_yticks(range(len(found[:5])), [f"#{i + 1}" for i in range(len(found[:5]))])
+        ax.invert_yaxis()
+        ax.set_xlabel("GiB held on the busiest device (dashed: the device's memory)")
+        ax.set_title(f"{self.job.value}, {cap}: the fastest {min(len(found), 5)} of {len(found)}", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)

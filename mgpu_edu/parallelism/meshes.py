@@ -249,6 +249,9 @@ class Compiled:
     logical: list[Collective]
     physical: list[Collective]
     result: Any = dataclasses.field(repr=False, default=None)
+    #: the ``tf.function`` that was compiled: call it again with arguments of the same shapes and layouts
+    #: and DTensor reuses the program
+    function: Any = dataclasses.field(repr=False, default=None)
 
     @property
     def sent(self) -> float:
@@ -307,7 +310,8 @@ def compiled_collectives(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> C
     folder = _folder()
     before = set(folder.iterdir())
     python_fn = getattr(fn, "python_function", fn)
-    result = tf.function(python_fn)(*args, **kwargs)
+    function = tf.function(python_fn)
+    result = function(*args, **kwargs)
     new = sorted(set(folder.iterdir()) - before)
     passes = {name: [p for p in new if f".after_{name}." in p.name] for name in (LOGICAL_PASS, PHYSICAL_PASS)}
     if not passes[PHYSICAL_PASS]:
@@ -319,7 +323,7 @@ def compiled_collectives(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> C
     logical = _parse(passes[LOGICAL_PASS][-1].read_text(), logical=True) if passes[LOGICAL_PASS] else []
     physical = _parse(passes[PHYSICAL_PASS][-1].read_text(), logical=False)
     name = getattr(python_fn, "__name__", "function")
-    return Compiled(name, logical, physical, result)
+    return Compiled(name, logical, physical, result, function)
 
 
 #: Megatron-LM's tensor parallelism as layouts (lesson 13 by hand): the query, key, value and first MLP

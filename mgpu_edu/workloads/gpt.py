@@ -100,11 +100,16 @@ def forward(weights: dict[str, Any], tokens: Any, heads: int) -> Any:
     The same ops as calling the model, on whatever tensors ``weights`` holds: plain tensors on one
     device, or DTensors laid out on a mesh (lesson 15).
     """
-    x = embed(tokens, weights["token_embedding"], weights["position_embedding"])
+    x = run_blocks(weights, embed(tokens, weights["token_embedding"], weights["position_embedding"]), heads)
+    return head_logits(x, weights["final_gamma"], weights["final_beta"], weights["lm_head"])
+
+
+def run_blocks(weights: dict[str, Any], x: Any, heads: int) -> Any:
+    """Every block whose weights ``weights`` holds ("block0/wq", ...), in order, on ``x`` ([s, b, hidden])."""
     layers = sorted({name.split("/")[0] for name in weights if name.startswith("block")}, key=lambda b: int(b[5:]))
     for layer in layers:
         x = block(x, {name: weights[f"{layer}/{name}"] for name in BLOCK_WEIGHTS}, heads)
-    return head_logits(x, weights["final_gamma"], weights["final_beta"], weights["lm_head"])
+    return x
 
 
 def next_token_loss(logits: Any, targets: Any) -> Any:

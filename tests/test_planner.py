@@ -1,0 +1,95 @@
+"""The planner: its counts against published figures, its layouts, its puzzles' feedback (no TensorFlow here;
+tests/test_threed.py checks its predictions against a real 3-D run)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from mgpu_edu import check, memory, planner
+from mgpu_edu._validate import BadArgument
+
+TINY = planner.Model(layers=2, hidden=32, heads=4, seq=16, vocab=64)
+
+
+def test_published_parameter_counts():
+    """GPT-3 175B (Brown et al. 2020, Table 2.1: 96 layers, d_model 12,288, 96 heads, 2,048 tokens; its head is
+    tied, so one V·h less) and MT-NLG 530B (Smith et al. 2022: 105 layers, hidden 20,480, 128 heads)."""
+    gpt3 = planner.Model(layers=96, hidden=12288, heads=96, seq=2048, vocab=50257)
+    assert abs((gpt3.params - 50257 * 12288) / 175.0e9 - 1) < 0.005
+    mt_nlg = planner.Model(layers=105, hidden=20480, heads=128, seq=2048, vocab=51200)
+    assert abs(mt_nlg.params / 530e9 - 1) < 0.005
+
+
+def test_zero_papers_memory_figures_through_the_planner():
+    """ZeRO (Rajbhandari et al. 2020, Figure 1): 7.5 B parameters, 64 GPUs, mixed-precision Adam:
+    120, 31.4, 16.6 and 1.9 GB of model states per GPU for stages 0 to 3."""
+    model = planner.Model(layers=1, hidden=1, heads=1, seq=1, vocab=1)
+    figures = []
+    for stage in range(4):
+        states = memory.model_states(7.5e9, 64, stage)
+        figures.append(round(states.total / 1e9, 1))
+        layout = planner.Layout(64, 1, 1, zero=stage)
+        p = planner.predict(model, layout)
+        per_param = memory.model_states(p.params_per_device, 64, stage)
+        assert p.held["optimizer"] == per_param.optimizer and p.held["weights"] == per_param.params
+    assert figures == [120.0, 31.4, 16.6, 1.9]
+
+
+def test_tiny_gpt_counts():
+    layout = planner.Layout(2, 2, 2, zero=1, micro_batches=4, recompute="stage")
+    first = planner.predict(TINY, layout, precision="fp32", stage=0)
+    last = planner.predict(TINY, layout, precision="fp32", stage=1)
+    assert (first.params_per_device, last.params_per_device) == (8960, 8512)
+    assert planner.params_per_device(TINY, planner.Layout(1, 1, 1)) == TINY.params == 29888
+    assert first.sent == {"tensor": 40960.0, "pipeline": 8192.0, "data": 35840.0, "context": 0.0, "expert": 0.0}
+    assert last.sent["tensor"] == 49152.0 and last.held["activations"] == 2048.0 and first.held["activations"] == 128
+    assert planner.predict(TINY, layout, precision="fp32").layout == layout  # the busiest stage by default
+
+
+def test_plan_keeps_what_fits_and_ranks_by_time():
+    model, cluster, batch, limit = planner.PUZZLES["65B on 64 H100s"]
+    found = planner.plan(model, cluster, batch, max_sent=limit)
+    assert found, "the 65B puzzle must have solutions"
+    assert all(p.fits and p.sent_total <= limit for p in found)
+    assert [p.seconds for p in found] == sorted(p.seconds for p in found)
+    assert all(planner.judge("65B on 64 H100s", p.layout) == "" for p in found[:5])
+
+
+@pytest.mark.parametrize(("layout", "words"), [
+    (planner.Layout(64, 1, 1, zero=0, micro_batch=16), "on its fullest device"),
+    (planner.Layout(64, 1, 1, zero=3, micro_batch=8, micro_batches=2, recompute="full"), "most of it on the data"),
+    (planner.Layout(32, 1, 1, zero=3, micro_batch=8), "global batch is 1024"),
+    (planner.Layout(32, 1, 1, zero=3, micro_batch=16, micro_batches=2), "job has 64"),
+    ("DP 4", "expected a planner.Layout"),
+])
+def test_judge_says_why(layout, words):
+    assert words in planner.judge("65B on 64 H100s", layout)
+
+
+def test_puzzle_checks():
+    model, cluster, batch, limit = planner.PUZZLES["65B on 64 H100s"]
+    best = planner.plan(model, cluster, batch, max_sent=limit)[0].layout
+    assert check.planner_puzzle(best, "65B on 64 H100s").correct
+    assert check.planner_puzzle(..., "65B on 64 H100s").status == "unsolved"
+    wrong = check.planner_puzzle(planner.Layout(8, 1, 1, zero=0, micro_batch=8), "6.7B on 8 T4s")
+    assert wrong.status == "wrong" and "fullest device" in wrong.message and "shrinks them" in wrong.message
+
+
+def test_bad_layouts_get_clear_errors():
+    with pytest.raises(BadArgument, match="doesn't divide the 2 layers"):
+        planner.params_per_device(TINY, planner.Layout(1, 1, 3))
+    with pytest.raises(BadArgument, match="must divide the 4 heads"):
+        planner.predict(TINY, planner.Layout(1, 3, 1))
+    with pytest.raises(BadArgument, match="recompute"):
+        planner.predict(TINY, planner.Layout(1, 1, 1, recompute="all"))
+
+
+def test_planner_imports_no_tensorflow():
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", "import sys; from mgpu_edu import planner; "
+                           "planner.plan(*planner.PUZZLES['6.7B on 8 T4s'][:3]); print('tensorflow' in sys.modules)"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "False"
