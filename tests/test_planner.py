@@ -45,7 +45,22 @@ def test_tiny_gpt_counts():
     assert planner.params_per_device(TINY, planner.Layout(1, 1, 1)) == TINY.params == 29888
     assert first.sent == {"tensor": 40960.0, "pipeline": 8192.0, "data": 35840.0, "context": 0.0, "expert": 0.0}
     assert last.sent["tensor"] == 49152.0 and last.held["activations"] == 2048.0 and first.held["activations"] == 128
-    assert planner.predict(TINY, layout, precision="fp32").layout == layout  # the busiest stage by default
+    layer = memory.transformer_activations(16, 1, 32, 4, 2, False, "none", 4)  # one layer, recomputed at a time
+    assert last.held["working"] == 16 * 64 * 4 + layer  # plus the loss's float32 logits on the last stage
+    assert first.held["working"] == layer
+
+
+def test_stage_none_reports_the_worst_stage_of_each_quantity():
+    """A middle stage sends activations forward and gradients back: the most bytes, though not the most memory."""
+    three = planner.Model(layers=3, hidden=32, heads=4, seq=16, vocab=64)
+    layout = planner.Layout(1, 1, 3, micro_batches=4)
+    each = [planner.predict(three, layout, stage=s) for s in range(3)]
+    assert [p.sent_total for p in each] == [4096.0, 8192.0, 4096.0]
+    worst = planner.predict(three, layout)
+    assert worst.sent_total == 8192.0 and worst.held_total == max(p.held_total for p in each)
+    model, cluster, batch, limit = planner.PUZZLES["65B on 64 H100s"]
+    answer = planner.Layout(8, 1, 8, zero=1, micro_batch=2, micro_batches=64, recompute="full")
+    assert round(planner.predict(model, answer, cluster).sent_total / 1e9, 2) == 45.37 < limit / 1e9
 
 
 def test_plan_keeps_what_fits_and_ranks_by_time():
@@ -59,7 +74,8 @@ def test_plan_keeps_what_fits_and_ranks_by_time():
 
 @pytest.mark.parametrize(("layout", "words"), [
     (planner.Layout(64, 1, 1, zero=0, micro_batch=16), "on its fullest device"),
-    (planner.Layout(64, 1, 1, zero=3, micro_batch=8, micro_batches=2, recompute="full"), "most of it on the data"),
+    (planner.Layout(8, 8, 1, zero=1, micro_batch=2, micro_batches=64, recompute="full"), "most of it on the tensor"),
+    (planner.Layout(64, 1, 1, zero=3, micro_batch=8, micro_batches=2, recompute="full"), "the largest part is working"),
     (planner.Layout(32, 1, 1, zero=3, micro_batch=8), "global batch is 1024"),
     (planner.Layout(32, 1, 1, zero=3, micro_batch=16, micro_batches=2), "job has 64"),
     ("DP 4", "expected a planner.Layout"),
@@ -74,7 +90,7 @@ def test_puzzle_checks():
     assert check.planner_puzzle(best, "65B on 64 H100s").correct
     assert check.planner_puzzle(..., "65B on 64 H100s").status == "unsolved"
     wrong = check.planner_puzzle(planner.Layout(8, 1, 1, zero=0, micro_batch=8), "6.7B on 8 T4s")
-    assert wrong.status == "wrong" and "fullest device" in wrong.message and "shrinks them" in wrong.message
+    assert wrong.status == "wrong" and "fullest device" in wrong.message and "recomputation" in wrong.message
 
 
 def test_bad_layouts_get_clear_errors():

@@ -93,7 +93,8 @@ def test_the_planner_predicts_what_the_run_sent_and_held(capstone):
         sent = capstone["sent"][device]
         assert sent == {axis: p.sent[axis] for axis in ("tensor", "pipeline", "data")}, device
         held = capstone["held"][device]
-        assert {kind: held[kind] for kind in p.held} == p.held, device
+        kinds = ("weights", "gradients", "optimizer", "activations")  # "working" is transient: not measured here
+        assert {kind: held[kind] for kind in kinds} == {kind: p.held[kind] for kind in kinds}, device
         assert held["update copy"] == held["weights"] // 2  # its half of its share, as Keras's Adam's variable
     assert capstone["in_flight"] == [2, 1]  # 1F1B: stage s keeps P − s micro-batches
 

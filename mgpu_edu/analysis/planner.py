@@ -12,10 +12,13 @@ selective recomputation's extra is small and left out) at a fraction of the
 devices' peak, stretched by the pipeline's bubble, plus each axis's communication by lesson 03's α-β model,
 at the bandwidth of the link that axis crosses (inside a node for tensor and expert parallelism when they
 fit in one; between nodes otherwise), none of it overlapped. It is a model: it ranks layouts; it does not
-promise seconds. It leaves out the loss's logits, ZeRO-3's gathered layer, communication buffers and
-fragmentation (the 10 % of memory it keeps spare stands for them), and overlap of any kind. It models the
-course's layouts: each tensor rank sends its whole copy of a stage's output to the next stage (Megatron-LM's
-scatter/gather optimisation sends 1/t of it).
+promise seconds. Besides what is kept between a micro-batch's forward and backward passes, it counts the
+working memory of the backward pass: the loss's float32 logits on the last stage and, with recomputation, one
+layer's activations recomputed at a time ("working"). It leaves out ZeRO-3's gathered layer, communication
+buffers, the CUDA context and fragmentation (the 10 % of memory it keeps spare stands for them), and overlap
+of any kind. Pipeline traffic is charged at the link between nodes (conservative when stages share a node).
+It models the course's layouts: each tensor rank sends its whole copy of a stage's output to the next stage
+(Megatron-LM's scatter/gather optimisation sends 1/t of it).
 
 The counts for the course's tiny GPT equal what lesson 16's 3-D run measured (tests/test_threed.py); the
 ZeRO paper's memory figures and published models' parameter counts are checked in tests/test_planner.py.
@@ -222,6 +225,9 @@ def _predict_stage(model: Model, layout: Layout, cluster: Cluster | None, precis
     else:
         kept = layers * memory.transformer_activations(s, b, h, model.heads, t, False, layout.recompute, value)
     activations = kept * in_flight
+    working = (b * s * model.vocab * 4 if last else 0)  # the loss's float32 logits
+    if layout.recompute in ("full", "stage"):  # one layer's activations, recomputed during the backward pass
+        working += memory.transformer_activations(s, b, h, model.heads, t, False, "none", value)
     boundary = s * b * h * value  # what crosses between stages, and what a tensor all-reduce sums
     # tensor: per block and micro-batch, 2 all-reduces forward and 2 backward (Megatron's g and f); recomputation
     # runs the forward again. Recomputing a whole stage, TensorFlow drops the stage's last all-reduce except on the
@@ -248,7 +254,7 @@ def _predict_stage(model: Model, layout: Layout, cluster: Cluster | None, precis
         expert_sent = (m * layers * (4 + 2 * rerun)
                        * collectives.formula_bytes("all_to_all", layout.expert, routed)[0][0])
     held = {"weights": states.params, "gradients": states.grads, "optimizer": states.optimizer,
-            "activations": float(activations)}
+            "activations": float(activations), "working": float(working)}
     sent = {"tensor": tensor_sent, "pipeline": float(pipeline_sent), "data": float(data_sent),
             "context": context_sent, "expert": expert_sent}
     seconds = fits = None
@@ -267,9 +273,12 @@ def step_seconds(model: Model, layout: Layout, cluster: Cluster, sent: dict[str,
     bubble = (layout.pipeline - 1) / (micro_batches + layout.pipeline - 1)
     compute /= 1 - bubble
     inside = layout.tensor * max(layout.expert, 1) <= cluster.per_node
+    per_stage_layers = model.layers // layout.pipeline
     link = {"tensor": cluster.intra_bandwidth if layout.tensor <= cluster.per_node else cluster.inter_bandwidth,
             "expert": cluster.intra_bandwidth if inside else cluster.inter_bandwidth,
-            "context": cluster.inter_bandwidth, "pipeline": cluster.inter_bandwidth,
+            "context": cluster.intra_bandwidth if layout.tensor * layout.context <= cluster.per_node
+            else cluster.inter_bandwidth,
+            "pipeline": cluster.inter_bandwidth,
             # devices are numbered tensor rank first, then context, then data: a data group fits in a node
             # when tensor · context · data devices do
             "data": cluster.intra_bandwidth if layout.tensor * layout.context * layout.data <= cluster.per_node
@@ -277,8 +286,8 @@ def step_seconds(model: Model, layout: Layout, cluster: Cluster, sent: dict[str,
     messages = {"tensor": micro_batches * reduces * 2 * max(layout.tensor - 1, 0),
                 "pipeline": 2 * micro_batches,
                 "data": sharding.phases(layout.zero, micro_batches) * max(layout.data * layout.context - 1, 0),
-                "context": micro_batches * 2 * max(layout.context - 1, 0),
-                "expert": micro_batches * 4 * max(layout.expert - 1, 0)}
+                "context": micro_batches * per_stage_layers * 4 * max(layout.context - 1, 0),
+                "expert": micro_batches * per_stage_layers * 6 * max(layout.expert - 1, 0)}
     communication = sum(sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent)
     return compute + communication
 
@@ -335,17 +344,30 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
     if not prediction.fits:
         held = prediction.held
         worst = max(held, key=held.get)
-        remedy = {"optimizer": "a ZeRO stage of 1 or more over data-parallel devices splits it",
-                  "gradients": "ZeRO-2 or 3 over data-parallel devices splits them",
-                  "weights": "ZeRO-3, or more tensor or pipeline parallelism, splits them",
-                  "activations": "recomputation or a smaller micro-batch (more micro-batches) shrinks them"}[worst]
+        n = layout.data * layout.context
+        further = "more tensor or pipeline parallelism divides it further"
+        remedy = {"optimizer": f"a ZeRO stage of 1 or more splits it over the {n} data-parallel devices"
+                               if layout.zero < 1 or n == 1 else f"it is split {n} ways already: {further}",
+                  "gradients": f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
+                               if layout.zero < 2 or n == 1 else f"they are split {n} ways already: {further}",
+                  "weights": "ZeRO-3, or more tensor or pipeline parallelism, splits them" if layout.zero < 3
+                             else f"they are split {n} ways already: {further}",
+                  "activations": "recomputation or a smaller micro-batch (more micro-batches) shrinks them"
+                                 if layout.recompute == "none" else "a smaller micro-batch, or tensor or context "
+                                                                    "parallelism, shrinks them",
+                  "working": "a smaller micro-batch, or tensor or context parallelism, shrinks it"}[worst]
         return (f"it needs {prediction.held_total / 2**30:,.1f} GiB on its fullest device, more than "
                 f"{memory.USABLE_FRACTION:.0%} of {cluster.memory_bytes / 2**30:,.0f} GiB; the largest part is "
                 f"{worst} ({held[worst] / 2**30:,.1f} GiB): {remedy}.")
     if max_sent is not None and prediction.sent_total > max_sent:
         axis = max(prediction.sent, key=prediction.sent.get)
+        remedy = {"tensor": "a lower tensor degree (its all-reduces grow with every token of every micro-batch)",
+                  "data": "ZeRO-1 or plain data parallelism (ZeRO-2 and 3 send per micro-batch), or fewer "
+                          "data-parallel devices",
+                  "pipeline": "fewer pipeline stages or a smaller micro-batch",
+                  "context": "a lower context degree", "expert": "a lower expert degree"}[axis]
         return (f"its busiest device sends {prediction.sent_total / 1e9:,.2f} GB per step, more than the "
-                f"{max_sent / 1e9:,.2f} GB allowed; most of it on the {axis} axis.")
+                f"{max_sent / 1e9:,.2f} GB allowed; most of it on the {axis} axis: try {remedy}.")
     return ""
 
 
@@ -355,8 +377,8 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
     "65B on 64 H100s": (Model(layers=80, hidden=8192, heads=64, seq=4096, vocab=32000),
                         Cluster(devices=64, memory_bytes=80 * 2**30, flops=989e12), 1024, 50e9),
     "6.7B on 8 T4s": (Model(layers=32, hidden=4096, heads=32, seq=2048, vocab=32000),
-                    Cluster(devices=8, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=32e9,
-                            inter_bandwidth=32e9), 64, None),
+                    Cluster(devices=8, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
+                            inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
 }
 
 

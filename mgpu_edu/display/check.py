@@ -1049,6 +1049,6 @@ def planner_puzzle(answer: Any, puzzle: str) -> Feedback:
         return _report("wrong", f"{label}: {problem}")
     p = planner.predict(model, answer, cluster)
     limit = "" if max_sent is None else f" (at most {max_sent / 1e9:,.0f} GB allowed)"
-    return _report("correct", f"{answer.describe()}: {p.held_total / 2**30:,.1f} GiB on the busiest device, "
-                              f"{p.sent_total / 1e9:,.1f} GB sent per step{limit}, about {p.seconds:,.1f} s a step "
-                              "by the cost model.")
+    return _report("correct", f"{answer.describe()}: {p.held_total / 2**30:,.1f} GiB on the fullest device, "
+                              f"{p.sent_total / 1e9:,.1f} GB sent per step by the busiest{limit}, about "
+                              f"{p.seconds:,.1f} s a step by the cost model.")

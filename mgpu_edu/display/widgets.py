@@ -534,7 +534,7 @@ class ExpertLoad(_Displayed):
 class Planner(_Displayed):
     """Choose a job (a model, a cluster and a global batch, ``planner.PUZZLES``) and a cap on the bytes each
     device may send per step; shows how many layouts fit, the fastest five by the cost model, and what each
-    of them holds per device (:func:`mgpu_edu.planner.plan`). No TensorFlow: it only counts.
+    of them holds on its fullest device (:func:`mgpu_edu.planner.plan`). No TensorFlow: it only counts.
 
     Example:
         >>> Planner("65B on 64 H100s")  # doctest: +SKIP
@@ -573,11 +573,12 @@ class Planner(_Displayed):
         self.info.value = (f"<p>{model.params / 1e9:,.1f} B parameters on {cluster.devices} devices of "
                            f"{cluster.memory_bytes / 2**30:,.0f} GiB, {batch:,} sequences per step, {cap}: "
                            f"<b>{len(found)}</b> layouts fit.</p>"
-                           + (f"<table><tr><th>layout</th><th>held</th><th>sent</th><th>step (model)</th></tr>"
+                           + ("<table><tr><th>layout</th><th>held (fullest device)</th><th>sent (busiest)</th>"
+                              f"<th>step (model)</th></tr>"
                               f"{rows}</table>" if found else "<p>None fits: raise the cap.</p>"))
         fig = viz.new_figure(7, 2.6)
         ax = fig.add_subplot(1, 1, 1)
-        kinds = ("weights", "gradients", "optimizer", "activations")
+        kinds = ("weights", "gradients", "optimizer", "activations", "working")
         bottom = [0.0] * len(found[:5])
         for i, kind in enumerate(kinds):
             values = [p.held[kind] / 2**30 for p in found[:5]]
@@ -586,7 +587,7 @@ class Planner(_Displayed):
         ax.axvline(cluster.memory_bytes / 2**30, color="black", linestyle="--", linewidth=1)
         ax.set_yticks(range(len(found[:5])), [f"#{i + 1}" for i in range(len(found[:5]))])
         ax.invert_yaxis()
-        ax.set_xlabel("GiB held on the busiest device (dashed: the device's memory)")
+        ax.set_xlabel("GiB held on the fullest device (dashed: the device's memory)")
         ax.set_title(f"{self.job.value}, {cap}: the fastest {min(len(found), 5)} of {len(found)}", fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
         fig.tight_layout()
