@@ -22,9 +22,11 @@ Reading the dumped programs was checked on TensorFlow 2.20 and 2.21.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -56,7 +58,7 @@ _ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i1": 1, "i8": 1, "i16": 2
 
 
 def record_collectives(folder: str | os.PathLike[str] | None = None) -> Path:
-    """Ask DTensor to write each function it compiles to ``folder`` (a new temporary one if None).
+    """Ask DTensor to write each function it compiles to ``folder`` (if None, a temporary one removed at exit).
 
     Call it before TensorFlow starts (before ``setup_devices``): TensorFlow reads these settings once.
     It changes nothing DTensor computes; it only writes text files (a few KB to a few hundred KB per
@@ -71,8 +73,12 @@ def record_collectives(folder: str | os.PathLike[str] | None = None) -> Path:
         raise RuntimeError("record_collectives() must run before TensorFlow starts, and TensorFlow is already "
                            "imported. Restart the kernel (Colab: Runtime → Restart session) and call it first, "
                            "before setup_devices.")
-    path = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="mgpu-edu-dtensor-"))
-    path.mkdir(parents=True, exist_ok=True)
+    if folder is None:  # a temporary folder, removed when Python exits
+        path = Path(tempfile.mkdtemp(prefix="mgpu-edu-dtensor-"))
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    else:
+        path = Path(folder)
+        path.mkdir(parents=True, exist_ok=True)
     os.environ["TF_DUMP_GRAPH_PREFIX"] = str(path)
     modules = [m for m in os.environ.get("TF_CPP_VMODULE", "").split(",") if m and
                not m.startswith("dtensor_mlir_passes=")]
