@@ -31,7 +31,7 @@ import itertools
 from typing import Any
 
 from mgpu_edu._validate import BadArgument, one_of, positive_number, whole_number
-from mgpu_edu.analysis import memory
+from mgpu_edu.analysis import costmodel, memory
 from mgpu_edu.parallelism import collectives, sharding
 
 RECOMPUTE = ("none", "selective", "full", "stage")
@@ -268,7 +268,9 @@ def step_seconds(model: Model, layout: Layout, cluster: Cluster, sent: dict[str,
                  reduces: int) -> float:
     """Lesson 08's cost model: compute at ``efficiency`` of peak, stretched by the bubble, plus α-β communication."""
     tokens = layout.micro_batch * micro_batches * layout.data * model.seq
-    per_token = (8 if layout.recompute in ("full", "stage") else 6) * model.active_params
+    per_token = costmodel.training_flops(model.active_params)  # 6 FLOPs per parameter a token uses
+    if layout.recompute in ("full", "stage"):
+        per_token += 2 * model.active_params  # the forward pass once more
     compute = per_token * tokens / (layout.devices * cluster.flops * cluster.efficiency)
     bubble = (layout.pipeline - 1) / (micro_batches + layout.pipeline - 1)
     compute /= 1 - bubble
