@@ -31,6 +31,7 @@ from mgpu_edu._validate import BadArgument, whole_number
 from mgpu_edu.parallelism import meshes
 from mgpu_edu.parallelism import tensor as tensor_parallel
 from mgpu_edu.parallelism.allreduce import ring_all_gather, ring_reduce_scatter
+from mgpu_edu.parallelism.parallel import shard_sizes
 from mgpu_edu.parallelism.pipeline import stage_order
 from mgpu_edu.runtime import quiet
 
@@ -217,16 +218,13 @@ def train(model: Any, tokens: Any, targets: Any, grid: Grid, devices: Sequence[s
 
     shapes = {(s, r): [tuple(dtensor.unpack(weights[0, s][n].read_value())[r].shape) for n in per_stage[s]]
               for s in range(p) for r in range(t)}
-    from mgpu_edu.parallelism.parallel import shard_sizes
-
-    owned, optimizers, bounds = {}, {}, {}
+    owned, optimizers = {}, {}
     for s in range(p):
         for r in range(t):
             size = sum(math.prod(shape) for shape in shapes[s, r])
             sizes = shard_sizes(size, d)
             for k in range(d):
                 lo = sum(sizes[:k])
-                bounds[k, s, r] = (lo, lo + sizes[k])
                 device = devices[grid.device(k, s, r)]
                 with tf.device(device):
                     vector = flat_share({n: weights[k, s][n].read_value() for n in per_stage[s]}, k, s, r)
@@ -238,6 +236,7 @@ def train(model: Any, tokens: Any, targets: Any, grid: Grid, devices: Sequence[s
     losses, in_flight_peak = [], [0] * p
     kept_peak, grad_bytes = [0] * grid.devices, [0] * grid.devices
     for _ in range(steps):
+        flat_grads, gathered = {}, {}  # per (replica, stage, rank): its flat gradient share, its new flat weights
         sent = [{"tensor": 0.0, "pipeline": 0.0, "data": 0.0} for _ in range(grid.devices)]
         pipeline_sent = [0.0] * grid.devices
         step_loss = 0.0
@@ -296,18 +295,17 @@ def train(model: Any, tokens: Any, targets: Any, grid: Grid, devices: Sequence[s
             for s in range(p):
                 for r in range(t):
                     dev = grid.device(k, s, r)
-                    calls = m_count
-                    sent[dev]["tensor"] += calls * (programs[s][0].sent + programs[s][1].sent)
+                    sent[dev]["tensor"] += m_count * (programs[s][0].sent + programs[s][1].sent)
             for s in range(p):
                 for r in range(t):
                     grad_bytes[grid.device(k, s, r)] = sum(
                         int(dtensor.unpack(g)[r].shape.num_elements()) * g.dtype.size for g in accumulated[s].values())
-                    owned["grad", k, s, r] = flat_share(accumulated[s], k, s, r)
+                    flat_grads[k, s, r] = flat_share(accumulated[s], k, s, r)
         # data parallel + ZeRO-1: reduce-scatter the flat gradients, Adam on the owned piece, all-gather
         for s in range(p):
             for r in range(t):
                 group = [grid.device(k, s, r) for k in range(d)]
-                flats = [owned.pop(("grad", k, s, r)) for k in range(d)]
+                flats = [flat_grads[k, s, r] for k in range(d)]
                 pieces, trace = ring_reduce_scatter(flats, trace=True)
                 for k, dev in enumerate(group):
                     sent[dev]["data"] += trace.bytes_sent[k]
@@ -316,23 +314,19 @@ def train(model: Any, tokens: Any, targets: Any, grid: Grid, devices: Sequence[s
                 full, trace = ring_all_gather([tf.convert_to_tensor(owned[k, s, r]) for k in range(d)], trace=True)
                 for k, dev in enumerate(group):
                     sent[dev]["data"] += trace.bytes_sent[k]
-                    owned["new", k, s, r] = full[k]
+                    gathered[k, s, r] = full[k]
         for k in range(d):
             for s in range(p):
                 for n_index, n in enumerate(per_stage[s]):
                     parts = []
                     for r in range(t):
-                        vector = owned["new", k, s, r]
+                        vector = gathered[k, s, r]
                         sizes = [math.prod(shape) for shape in shapes[s, r]]
                         lo = sum(sizes[:n_index])
                         with tf.device(devices[grid.device(k, s, r)]):
                             parts.append(tf.reshape(vector[lo:lo + sizes[n_index]], shapes[s, r][n_index]))
                     variable = weights[k, s][n]
                     variable.assign(dtensor.pack(parts, dtensor.fetch_layout(variable.read_value())))
-        for k in range(d):
-            for s in range(p):
-                for r in range(t):
-                    owned.pop(("new", k, s, r))
         for dev in range(grid.devices):
             sent[dev]["pipeline"] = pipeline_sent[dev]
         losses.append(step_loss)
