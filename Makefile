@@ -30,9 +30,10 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: setup
 	$(BIN)/jupyter lab $(ROOT_FLAG)
 
-# Every test, in every environment the course promises (what CI runs). Each lesson runs once per
-# environment that runs lessons (main, Colab-like, Binder-like) and its student version once (under
-# nbgrader); the test runs note each run in build/executions.tsv and .ci/executions.py checks the counts.
+# Every test, in every environment the course promises (what CI runs). Each lesson runs once in each
+# environment that runs whole lessons (Colab-like, Binder-like: the Binder-like run's timings and memory are
+# the budget table) and its student version once (under nbgrader, in the main environment); the test runs
+# note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
 # Two tracks side by side, once the main environment is set up: the main environment's tests, and the other
 # three environments (set up side by side, then tested one after another), then the main environment's
@@ -51,13 +52,14 @@ test-others: setup
 	   > build/test-others.log 2>&1; \
 	status=$$?; echo "===== build/test-others.log (exit status $$status) ====="; cat build/test-others.log; exit $$status
 
-# Main environment (current releases): lint, unit tests, every lesson under nbval, the student versions
-# and nbgrader, the browser tests (Debian's chromium), the website, all in one pytest run whose lesson
-# timings and memory readings make the budget table (build/budgets/results.md). Everything runs with the
-# network blocked (see conftest.py).
+# Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
+# the browser tests (Debian's chromium), the website, in one pytest run. It runs no whole lesson under nbval:
+# the Binder-like environment (the same releases, as binder/ installs them) does, and the Colab-like one;
+# here every lesson's cells but its solutions run in its student version. Everything runs with the network
+# blocked (see conftest.py).
 test-main: lint chromium
 	@date +'== main environment: tests (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python benchmarks/budgets.py --tests $(addprefix --ignore ,$(OTHER_TRACK))
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests --durations=20 $(addprefix --ignore ,$(OTHER_TRACK))
 
 # The main environment's tests that make test runs on its other track, which would otherwise end minutes
 # before the main one: the example scripts' clusters of TensorFlow processes (about two minutes, mostly
@@ -84,7 +86,8 @@ test-busy: setup
 	$(BIN)/python benchmarks/budgets.py --busy --name busy
 
 # Colab-like (Python 3.13, TF 2.20, Keras 3.13, ipywidgets 7.7.1: .ci/colab-constraints.txt),
-# Binder-like (binder/, with each lesson kernel's peak memory), and Python 3.10's unit tests;
+# Binder-like (binder/: every lesson, its time and its kernel's peak memory: make test's budget table), and
+# Python 3.10's unit tests that start no process of their own (tests marked `processes` are the main one's);
 # each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-py310).
 # (setup-X installs one, run-X tests it: make test does all the installs first.)
 test-colab:

@@ -7,13 +7,12 @@ Usage (from the repository root, inside the dev environment):
     python benchmarks/budgets.py --commit        # into the tracked benchmarks/results.md and .json, the
                                                  # CONTRIBUTING.md's budget table and the guide's time table
     python benchmarks/budgets.py --label "Binder-like (binder/)" --name results-binder [--commit]
-    python benchmarks/budgets.py --tests         # every test, the lessons among them (make test-main):
-                                                 # the lessons' rows come from that one run
+                                                 # what make test's Binder-like environment runs
 
 Measurements are not sources: a plain run (what ``make test`` does) writes only under the ignored
 ``build/budgets/``; only ``--commit`` (``make budgets-commit``) touches tracked files. ``make test``
-runs each lesson once per environment and never again for its budgets: the main environment's rows
-come from ``--tests``, the Binder-like environment's from its own run.
+runs each lesson once per environment that runs lessons and never again for its budgets: its budget
+table is the Binder-like environment's run of this script (``build/budgets/results-binder.md``).
 
 The lessons run under ``pytest --nbval-lax`` in one pytest process, as CI runs them, each in a
 fresh kernel (nbval starts one per notebook). A lesson's time is the summed duration of its cells
@@ -100,8 +99,7 @@ def _sample(proc: psutil.Process, stop: threading.Event, samples: list[tuple[flo
         stop.wait(0.05)
 
 
-def run_suite(paths: list[Path], busy: bool = False, whole: bool = False,
-              ignore: tuple[str, ...] = ()) -> tuple[list[dict], float, dict]:
+def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float, dict]:
     """Run the lessons under nbval in one pytest process, as CI runs them; return a row per lesson
     (time, kernel peak, all processes' peak, outcome) and the whole run's wall time.
 
@@ -110,17 +108,13 @@ def run_suite(paths: list[Path], busy: bool = False, whole: bool = False,
     (importing nbval and nbformat), paid once. Memory samples are told apart by when they were
     taken: between a lesson's first cell starting and its last one ending. With ``busy``, other
     processes keep the cores busy in bursts meanwhile (bursty_load.py): times then say how much slower
-    a lesson runs on a shared machine, and whether it still passes. With ``whole``, the pytest process runs
-    every test (pyproject's testpaths: the unit tests, then the lessons), as ``make test-main`` does, and
-    the lesson rows are taken from that run; the third value then gives each test file's summed time and
-    the pytest exit status. ``ignore`` names test files the whole run leaves to another (make test runs them
-    on its other track)."""
+    a lesson runs on a shared machine, and whether it still passes. The third value gives the pytest exit
+    status."""
     timing = ROOT / "build" / "budgets" / "lesson-timing.json"
     timing.parent.mkdir(parents=True, exist_ok=True)
     timing.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "lesson_timing",
-               *(["--durations=15", *(f"--ignore={path}" for path in ignore)] if whole
-                 else ["-q", *(str(path.relative_to(ROOT)) for path in paths)])]
+    command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "lesson_timing", "-q",
+               *(str(path.relative_to(ROOT)) for path in paths)]
     if busy:
         command = [sys.executable, str(ROOT / "benchmarks" / "bursty_load.py"), "--", *command]
     env = {**os.environ, "MGPU_EDU_TIMING_FILE": str(timing),
@@ -158,8 +152,7 @@ def run_suite(paths: list[Path], busy: bool = False, whole: bool = False,
                      "summary": f"{span['passed']} passed, {span['failed']} failed",
                      "slowest": [(cell, round(s, 1)) for cell, s in
                                  sorted(span["cells"].items(), key=lambda kv: -kv[1])[:3]]})
-    files = {name: round(sum(span["cells"].values()), 1) for name, span in spans.items()}
-    return rows, round(seconds, 1), {"files": files, "exit_status": proc.returncode, "wall_seconds": seconds}
+    return rows, round(seconds, 1), {"exit_status": proc.returncode}
 
 
 def time_import(statement: str, repeats: int = 5) -> tuple[float, bool]:
@@ -200,21 +193,18 @@ def _mean(rows: list[dict]) -> float:
     return sum(r["seconds"] for r in rows) / max(len(rows), 1)
 
 
-def table(rows: list[dict], suite_seconds: float, startup: bool = True) -> str:
-    """CONTRIBUTING's budget table: lesson · time · memory, pytest's own start (with ``startup``: a run of
-    the lessons alone), and the whole run."""
+def table(rows: list[dict], suite_seconds: float) -> str:
+    """CONTRIBUTING's budget table: lesson · time · memory, pytest's own start, and the whole run."""
     lines = ["| lesson | nbval time (s) | kernel peak RSS (MB) | all processes, PSS (MB) | within budget |",
              "|---|---:|---:|---:|---|"]
     for row in rows:
         ok = row["passed"] and row["seconds"] <= LESSON_BUDGET_S and row["kernel_mb"] <= KERNEL_BUDGET_MB
         lines.append(f"| {row['lesson']} | {row['seconds']:.1f} | {row['kernel_mb']:,} | {row['tree_mb']:,} | "
                      f"{'yes' if ok else 'NO'}{'' if row['passed'] else ' (failed)'} |")
-    if startup:
-        start = suite_seconds - sum(r["seconds"] for r in rows)
-        lines.append(f"| pytest, nbval and nbformat starting (once) | {start:.1f} | | | |")
-    what = "one pytest run" if startup else "the lessons' sum"
+    start = suite_seconds - sum(r["seconds"] for r in rows)
+    lines.append(f"| pytest, nbval and nbformat starting (once) | {start:.1f} | | | |")
     mean = _mean(rows)
-    lines.append(f"| **whole suite** ({what}) | **{suite_seconds:.1f}** | "
+    lines.append(f"| **whole suite** (one pytest run) | **{suite_seconds:.1f}** | "
                  f"max {max(r['kernel_mb'] for r in rows):,} | max {max(r['tree_mb'] for r in rows):,} | |")
     lines.append(f"| mean per lesson | {mean:.1f} | | | {'yes' if mean <= MEAN_BUDGET_S else 'NO'} |")
     return "\n".join(lines)
@@ -268,11 +258,6 @@ def main() -> int:
                         help="write into the tracked benchmarks/ (and, for the main results, CONTRIBUTING's "
                         "budget table and the guide's time table) instead of build/budgets/")
     parser.add_argument("--label", default="", help="name of this environment, for the results' heading")
-    parser.add_argument("--tests", action="store_true",
-                        help="run every test, the lessons included (what make test-main does), and take the lessons' "
-                        "rows from that run, with each test file's time")
-    parser.add_argument("--ignore", action="append", default=[], metavar="PATH",
-                        help="with --tests: leave this test file out (make test runs it on its other track)")
     parser.add_argument("--busy", action="store_true",
                         help="run the lessons while other processes keep the cores busy in bursts (bursty_load.py): "
                         "every lesson must still pass; times are reported, not held to the budget")
@@ -283,14 +268,8 @@ def main() -> int:
         paths = lesson_paths(ROOT, args.lessons)
     except ValueError as error:
         parser.error(str(error))
-    if args.tests and (args.lessons or args.busy):
-        parser.error("--tests runs every test and every lesson, unloaded: give no lesson numbers and no --busy")
     reference = [time_import(HOST_REFERENCE, repeats=3)[0]]  # the host's speed, before and after the suite
-    if args.ignore and not args.tests:
-        parser.error("--ignore leaves test files out of --tests' run: give --tests too")
-    rows, suite_seconds, run = run_suite(paths, busy=args.busy, whole=args.tests, ignore=tuple(args.ignore))
-    if args.tests:  # the lessons' sum: pytest's start and the unit tests are the whole run's
-        suite_seconds = round(sum(row["seconds"] for row in rows), 1)
+    rows, suite_seconds, run = run_suite(paths, busy=args.busy)
     reference.append(time_import(HOST_REFERENCE, repeats=3)[0])
     for row in rows:
         slowest = ", ".join(f"{cell} {seconds:.1f} s" for cell, seconds in row.get("slowest", []))
@@ -306,18 +285,11 @@ def main() -> int:
     machine = f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     label = args.label or ("Under bursty load (benchmarks/bursty_load.py)" if args.busy else "")
     measured = f"{label}: measured" if label else "Measured"
-    script = "python benchmarks/budgets.py" + (" --tests" if args.tests else "")
+    script = "python benchmarks/budgets.py"
     when = f"{time.strftime('%Y-%m-%d')} on {machine} ({versions()}) by `{script}`"
     title = f"Budget results, {args.label}" if args.label else ("Budget results under bursty load" if args.busy
                                                                   else "Budget results")
-    parts = ""
-    if args.tests:
-        tests = {name: s for name, s in run["files"].items() if not name.startswith("lessons/")}
-        parts = ("\n\nThe same run's test files, each file's summed test time:\n\n| file | time (s) |\n|---|---:|\n"
-                 + "".join(f"| {name} | {s:.1f} |\n" for name, s in sorted(tests.items(), key=lambda kv: -kv[1]))
-                 + f"| **unit tests** | **{sum(tests.values()):.1f}** |\n| lessons (above) | {suite_seconds:.1f} |\n"
-                 + f"| **whole pytest run**, its start included | **{run['wall_seconds']:.1f}** |")
-    text = (f"# {title}\n\n{measured} {when}.\n\n{table(rows, suite_seconds, startup=not args.tests)}{parts}\n\n"
+    text = (f"# {title}\n\n{measured} {when}.\n\n{table(rows, suite_seconds)}\n\n"
             + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items())
             + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}"
             + f"\n- host speed: `{HOST_REFERENCE}` in a fresh process took {reference[0]:.2f} s before the suite "
@@ -327,8 +299,6 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text, encoding="utf-8")
     measured_json = {"lessons": rows, "suite_seconds": suite_seconds, **imports,
-                     **({"test files (s)": run["files"], "whole pytest run (s)": round(run["wall_seconds"], 1)}
-                        if args.tests else {}),
                      "host reference (s), before and after": reference}
     out.with_suffix(".json").write_text(json.dumps(measured_json, indent=1) + "\n")
     print(text)

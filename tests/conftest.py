@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import textwrap
 import types
+from unittest import mock
 
 import pytest
 
@@ -123,3 +126,31 @@ def four_devices() -> list[str]:
     """This test process's one device layout: 4 logical CPUs (or GPUs where there is one)."""
     layout = devices.setup_devices(4, verbose=False)
     return list(layout)
+
+
+
+def _refusing_new_processes(item):
+    """A test that starts a process (a fresh Python with a device layout of its own, the command line through
+    its entry point, a cluster, git) says so with ``@pytest.mark.processes``, and the Python 3.10 job leaves
+    it out (.ci/env-py310). While an unmarked test and the fixtures it sets up run, starting a process fails
+    the test, so the mark can't go stale. (Tests marked ``slow`` or ``lessons`` start processes by design.)"""
+    if any(item.get_closest_marker(mark) for mark in ("processes", "slow", "lessons")):
+        return contextlib.nullcontext()
+
+    def refuse(self, args, *_, **__):
+        raise AssertionError(f"{item.nodeid} starts a process ({args!r}) but is not marked "
+                             "@pytest.mark.processes: mark it (tests/conftest.py says why)")
+
+    return mock.patch.object(subprocess.Popen, "__init__", refuse)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _refusing_new_processes(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _refusing_new_processes(item):
+        return (yield)

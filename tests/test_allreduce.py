@@ -199,6 +199,7 @@ def test_stepper_widget_builds_and_steps():
         AllReduceStepper(n=1)
 
 
+@pytest.mark.processes
 def test_only_the_collective_all_reduce_honours_bytes_per_pack():
     """Lesson 08 §4: bytes_per_pack splits the gradients into several all-reduces with
     MirroredStrategy's default (CollectiveAllReduce); HierarchicalCopyAllReduce (the same class as
@@ -229,6 +230,7 @@ def test_only_the_collective_all_reduce_honours_bytes_per_pack():
     assert out["hierarchical 0"]["CollectiveReduceV2"] == 0 and out["hierarchical 0"]["AddN"] > 0
 
 
+@pytest.mark.processes
 def test_hierarchical_copy_and_nccl_pack_by_num_packs_even_for_keras():
     """Lesson 08 §4: the other cross-device ops pack too, by their own num_packs (default 1): Keras's own
     apply_gradients under MirroredStrategy(cross_device_ops=HierarchicalCopyAllReduce(num_packs=k)) all-reduces

@@ -82,29 +82,22 @@ def widget_notebook(lesson: Path, widget: str):
     return nb
 
 
-@pytest.fixture
-def lab(tmp_path, request, executions):
-    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving what one lesson's widget needs (default
-    lesson 05), under the lesson's own file name."""
-    import nbformat
-
-    from mgpu_edu import course
-
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    """JupyterLab 4 on 127.0.0.1 with a token and a free port, serving a temporary folder: one server for this
+    module's tests (each starts its own kernel, shut down when the test ends)."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"Chromium not found at {CHROMIUM}. Install Debian's package (sudo apt-get install chromium) "
                     "or set MGPU_EDU_CHROMIUM to its path; `make test` installs it when it can.")
-    lesson = getattr(request, "param", "05_batch_scaling.ipynb")
-    [widget] = course.load(ROOT / "lessons").lesson(lesson).widgets
-    nbformat.write(widget_notebook(ROOT / "lessons" / lesson, widget), tmp_path / lesson)
-    executions("widget's cells", lesson)
+    root = tmp_path_factory.mktemp("lab")
     port, token = _free_port(), secrets.token_hex(16)
-    env = {**os.environ, "MGPU_EDU_PLATFORM": "local", "JUPYTER_CONFIG_DIR": str(tmp_path / ".jupyter"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / ".runtime")}
+    env = {**os.environ, "MGPU_EDU_PLATFORM": "local", "JUPYTER_CONFIG_DIR": str(root / ".jupyter"),
+           "JUPYTER_RUNTIME_DIR": str(root / ".runtime")}
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}", "--allow-root",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
          "--LabApp.expose_app_in_browser=True", "--ServerApp.disable_check_xsrf=False"],
-        cwd=tmp_path, env=env, stdout=(tmp_path / "lab.log").open("w"), stderr=subprocess.STDOUT,
+        cwd=root, env=env, stdout=(root / "lab.log").open("w"), stderr=subprocess.STDOUT,
         start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -116,13 +109,41 @@ def lab(tmp_path, request, executions):
                 time.sleep(0.5)
         else:
             pytest.fail("JupyterLab did not start within 60 s")
-        yield url, token
+        yield url, token, root
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the server and the kernels it started
         try:
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+def _shut_down_kernels(url: str, token: str) -> None:
+    """Shut down every kernel the server runs (what a test's notebook started), through its REST API."""
+    with urllib.request.urlopen(f"{url}/api/kernels?token={token}", timeout=10) as answer:
+        kernels = json.load(answer)
+    for kernel in kernels:
+        request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}?token={token}", method="DELETE")
+        urllib.request.urlopen(request, timeout=30).close()
+
+
+@pytest.fixture
+def lab(lab_server, request, executions):
+    """The module's JupyterLab, serving what one lesson's widget needs (default lesson 05) under the lesson's own
+    file name; the kernel it runs in is shut down when the test ends."""
+    import nbformat
+
+    from mgpu_edu import course
+
+    url, token, root = lab_server
+    lesson = getattr(request, "param", "05_batch_scaling.ipynb")
+    [widget] = course.load(ROOT / "lessons").lesson(lesson).widgets
+    nbformat.write(widget_notebook(ROOT / "lessons" / lesson, widget), root / lesson)
+    executions("widget's cells", lesson)
+    try:
+        yield url, token
+    finally:
+        _shut_down_kernels(url, token)
 
 
 def _open_and_run_all(page, url: str, token: str, lesson: str) -> None:
@@ -133,7 +154,7 @@ def _open_and_run_all(page, url: str, token: str, lesson: str) -> None:
     idle, fail clearly if it never is, and check that Run All really started cells."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    page.goto(f"{url}/lab/tree/{lesson}?token={token}")
+    page.goto(f"{url}/lab/tree/{lesson}?reset&token={token}")  # reset: not the last test's tabs
     page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook')", timeout=60_000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
     ready = page.evaluate("""async () => {

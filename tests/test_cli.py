@@ -1,8 +1,13 @@
-"""The ``mgpu-edu`` command, run through its real console-script entry point on temporary folders."""
+"""The ``mgpu-edu`` command on temporary folders: through its real console-script entry point where that is
+what is tested (help, usage, working without TensorFlow or the notebook tools), otherwise by calling the
+function the entry point calls, ``cli.main(argv)``, in this process (a new process per call would add a
+second or two of imports each: nbformat's JSON-schema checker builds its grammars when imported)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import os
 import shutil
 import subprocess
@@ -14,6 +19,7 @@ import nbformat
 import pytest
 
 from mgpu_edu import assignments, course, markers
+from mgpu_edu import env as env_module
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
@@ -28,10 +34,31 @@ def entry_point() -> str:
     return found
 
 
-def mgpu_edu(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run `mgpu-edu ARGS` in cwd and return the finished process (never raises on failure)."""
-    return subprocess.run([entry_point(), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, **(env or {})}, check=False)
+def mgpu_edu(*args: str, cwd: Path, env: dict[str, str] | None = None,
+             process: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `mgpu-edu ARGS` in cwd, with env's variables added, and return what a finished process would (never
+    raises on failure): in a new process through the console script with ``process``, else ``cli.main`` here."""
+    if process:
+        return subprocess.run([entry_point(), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **(env or {})}, check=False)
+    from mgpu_edu.course import cli
+
+    out, err, before, saved = io.StringIO(), io.StringIO(), os.getcwd(), dict(os.environ)
+    os.environ.update(env or {})
+    env_module.detect_environment.cache_clear()  # it reads MGPU_EDU_PLATFORM once
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = cli.main(list(args))
+            except SystemExit as exit_:  # argparse's usage errors and --help
+                status = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+    finally:
+        os.chdir(before)
+        os.environ.clear()
+        os.environ.update(saved)
+        env_module.detect_environment.cache_clear()
+    return subprocess.CompletedProcess(["mgpu-edu", *args], status, out.getvalue(), err.getvalue())
 
 
 def write_notebook(path: Path, *sources: str) -> Path:
@@ -47,17 +74,19 @@ def code_of(path: Path) -> str:
 
 # --- help and the command without TensorFlow -------------------------------------------------------
 
+@pytest.mark.processes
 @pytest.mark.parametrize("command", [[], ["lessons"], ["student"], ["badges"], ["grade"], ["doctor"]])
 def test_every_command_has_help(tmp_path, command):
-    done = mgpu_edu(*command, "--help", cwd=tmp_path)
+    done = mgpu_edu(*command, "--help", cwd=tmp_path, process=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: mgpu-edu")
     if command:
         assert f"mgpu-edu {command[0]}" in done.stdout
 
 
+@pytest.mark.processes
 def test_no_command_is_a_usage_error(tmp_path):
-    done = mgpu_edu(cwd=tmp_path)
+    done = mgpu_edu(cwd=tmp_path, process=True)
     assert done.returncode == 2 and "required: COMMAND" in done.stderr
 
 
@@ -81,30 +110,32 @@ importlib.metadata.version = version
 '''
 
 
+@pytest.mark.processes
 def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW)
     env = {"PYTHONPATH": str(tmp_path / "site")}
-    assert mgpu_edu("lessons", "L", cwd=tmp_path, env=env).returncode == 0
-    assert mgpu_edu("student", "L", "S", cwd=tmp_path, env=env).returncode == 0
+    assert mgpu_edu("lessons", "L", cwd=tmp_path, process=True, env=env).returncode == 0
+    assert mgpu_edu("student", "L", "S", cwd=tmp_path, process=True, env=env).returncode == 0
     assert mgpu_edu("badges", "--repo", "me/fork", "--ref", "x1", "--lessons", "S", cwd=tmp_path,
-                    env=env).returncode == 0
-    graded = mgpu_edu("grade", "--no-execute", str(LESSONS / "03_allreduce.ipynb"), cwd=tmp_path, env=env)
+                    env=env, process=True).returncode == 0
+    graded = mgpu_edu("grade", "--no-execute", str(LESSONS / "03_allreduce.ipynb"), cwd=tmp_path, process=True, env=env)
     assert graded.returncode == 0 and "03_allreduce.ipynb: 2/2 correct" in graded.stdout
-    doctor = mgpu_edu("doctor", cwd=tmp_path, env=env)
+    doctor = mgpu_edu("doctor", cwd=tmp_path, process=True, env=env)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr  # the lessons need TensorFlow
     assert "✗ TensorFlow" in doctor.stdout and "not installed" in doctor.stdout
     assert 'pip install "mgpu-edu[' in doctor.stdout
     assert "ModuleNotFoundError" not in doctor.stderr
 
 
+@pytest.mark.processes
 def test_missing_notebook_tools_name_the_extra(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW.replace(
         '("tensorflow", "keras", "tf_keras")', '("tensorflow", "keras", "tf_keras", "nbconvert", "nbclient")'))
     env = {"PYTHONPATH": str(tmp_path / "site")}
     for args in (["student", str(LESSONS), "out"], ["grade", "x.ipynb"]):
-        done = mgpu_edu(*args, cwd=tmp_path, env=env)
+        done = mgpu_edu(*args, cwd=tmp_path, process=True, env=env)
         assert done.returncode == 2, done.stderr
         assert 'pip install "mgpu-edu[instructor]"' in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
@@ -241,6 +272,7 @@ def make_fork(tmp_path: Path) -> Path:
     return fork
 
 
+@pytest.mark.processes
 def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
@@ -269,6 +301,7 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
 
 
+@pytest.mark.processes
 def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path):
     fork = make_fork(tmp_path)
     (fork / ".git").rmdir()
@@ -284,6 +317,7 @@ def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path)
     assert "git tag fall-2027b && git push origin HEAD fall-2027b" in done.stdout
 
 
+@pytest.mark.processes
 def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path):
     fork = make_fork(tmp_path)
     assert mgpu_edu("student", "lessons", "handout", cwd=fork).returncode == 0
@@ -323,6 +357,7 @@ def test_badges_needs_a_repo(tmp_path):
 
 # --- grade -----------------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_grade_runs_each_notebook_and_reports_every_check(tmp_path):
     write_notebook(tmp_path / "alice.ipynb", "from mgpu_edu import check",
                    "answer = 2 * (8 - 1)\nfeedback = check.ring_steps(answer, n=8)",
@@ -427,6 +462,7 @@ def test_grade_names_the_students_error_not_the_checks_name_error(tmp_path):
 
 # --- doctor ----------------------------------------------------------------------------------------
 
+@pytest.mark.processes
 def test_doctor_reports_this_machine(tmp_path):
     done = mgpu_edu("doctor", cwd=tmp_path, env={"MGPU_EDU_PLATFORM": "binder"})
     assert done.returncode == 0, done.stdout + done.stderr

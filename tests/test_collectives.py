@@ -144,6 +144,7 @@ def test_agree_with_tensorflows_replica_context(four_devices):
         np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
 
 
+@pytest.mark.processes
 def test_up_to_eight_devices_in_a_fresh_process():
     out = run_fresh("""
         import numpy as np
@@ -265,6 +266,7 @@ def test_only_the_sends_cross_devices(four_devices, monkeypatch):
             assert ins[0] == device and ins[1] != device  # one chunk arrives: the send
 
 
+@pytest.mark.processes
 def test_dtensor_relayout_runs_tensorflows_all_to_all():
     """Lesson 12's stand-in: the relayout from rows to columns compiles to one CollectiveAllToAllV2 (read from the
     program DTensor compiled, as lesson 15 reads it; deterministic, unlike a profile of an asynchronous run)."""

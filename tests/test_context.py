@@ -109,6 +109,7 @@ def test_bad_inputs_are_named(four_devices):
         context.ring_attention(q, k, v, [])
 
 
+@pytest.mark.processes
 def test_up_to_eight_devices_in_a_fresh_process():
     out = run_fresh("""
         import numpy as np

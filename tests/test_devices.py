@@ -198,6 +198,7 @@ def test_logical_devices_bad_k(fake_gpu):
 # ---------------------------------------------------------------- real TF, one process each
 
 
+@pytest.mark.processes
 def test_four_logical_cpus_with_banner():
     out = run_fresh("""
         from mgpu_edu import setup_devices, logical_devices
@@ -220,6 +221,7 @@ def test_four_logical_cpus_with_banner():
     assert banner == ["Local · No GPU → 4 logical CPUs: same code paths, no real speed-up"] * 2
 
 
+@pytest.mark.processes
 def test_memory_limit_on_cpu_is_a_note_not_an_error():
     out = run_fresh("""
         from mgpu_edu import setup_devices
@@ -231,6 +233,7 @@ def test_memory_limit_on_cpu_is_a_note_not_an_error():
     assert "TensorFlow has no memory limits for logical CPUs" in out["stdout"]
 
 
+@pytest.mark.processes
 def test_real_late_reconfiguration_is_guided():
     out = run_fresh("""
         import tensorflow as tf
@@ -254,6 +257,7 @@ def test_real_late_reconfiguration_is_guided():
     assert "Virtual devices cannot be modified" not in result["message"]
 
 
+@pytest.mark.processes
 def test_real_second_layout_is_refused_with_both_layouts():
     out = run_fresh("""
         from mgpu_edu import setup_devices, DeviceSetupError, logical_devices

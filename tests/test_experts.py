@@ -120,6 +120,7 @@ def test_bad_inputs_are_named(four_devices):
         experts.route(tf.ones([8, 8]), groups=3)
 
 
+@pytest.mark.processes
 def test_eight_devices_in_a_fresh_process():
     out = run_fresh("""
         import numpy as np

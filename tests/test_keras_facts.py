@@ -152,6 +152,7 @@ def test_all_reducing_gradients_yourself_then_apply_gradients_adds_them_twice(fo
 
 
 
+@pytest.mark.processes
 def test_fit_steps_per_execution_fails_with_replicas_and_steps_per_call_matches_one_step_per_call():
     """Lesson 08 §4: `fit` with steps_per_execution > 1 fails under MirroredStrategy with more than one
     replica (the error of keras-team/keras#19246) and runs with one; `mirrored.steps_per_call` runs
@@ -290,6 +291,7 @@ def test_backup_and_restore_with_save_freq_records_epoch_0_after_a_restart(four_
     assert begun == [[0, 1, 2], [2], [0, 1, 2, 3]]  # the third run starts again from epoch 0
 
 
+@pytest.mark.processes
 def test_a_fresh_shuffling_pipeline_reads_epoch_0s_order_first():
     """Lesson 11 §1: BackupAndRestore restores the epoch number, not where a shuffling pipeline's
     random generator was. A seeded tf.data shuffle gives a new order each pass; a restarted process
@@ -305,6 +307,7 @@ def test_a_fresh_shuffling_pipeline_reads_epoch_0s_order_first():
     assert resumed == epoch0  # the resumed epoch 1 reads epoch 0's order, not epoch 1's
 
 
+@pytest.mark.processes
 def test_log_device_placement_turned_on_after_tensorflow_started_prints_nothing():
     """Lesson 01: tf.debugging.set_log_device_placement(True) logs every placement only when it is turned on
     before TensorFlow starts; once setup_devices has started it (as in every lesson's kernel), TensorFlow 2.21

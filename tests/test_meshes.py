@@ -149,6 +149,7 @@ def dtensor_run() -> dict:
     return run_fresh(START.replace("OPTIMIZER_OFF", "True") + RELAYOUTS + GPT, timeout=600)["result"]
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_relayouts_are_collectives_and_keep_the_values(dtensor_run):
     for name in ("gather", "all_to_all", "split", "gather_2d"):
         assert dtensor_run[name]["equal"], name
@@ -158,6 +159,7 @@ def test_relayouts_are_collectives_and_keep_the_values(dtensor_run):
     assert dtensor_run["split"]["physical"] == []  # each device slices what it already holds
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_dtensor_gathers_with_an_all_reduce_of_a_zero_padded_tensor_on_cpus(dtensor_run):
     """On CPUs DTensor lowers an all-gather to CollectiveReduceV2 of the whole tensor: twice a ring gather's bytes."""
     whole = 64 * 32 * 4
@@ -169,6 +171,7 @@ def test_dtensor_gathers_with_an_all_reduce_of_a_zero_padded_tensor_on_cpus(dten
     assert (op, shape, group, sent) == ("CollectiveReduceV2", [64, 32], 8, 2 * 7 / 8 * whole)
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_all_to_all_sends_what_lesson_12_says(dtensor_run):
     [(op, shape, group, sent)] = dtensor_run["all_to_all"]["physical"]
     assert (op, group) == ("CollectiveAllToAllV2", 4)
@@ -176,11 +179,13 @@ def test_all_to_all_sends_what_lesson_12_says(dtensor_run):
     assert sent == 3 / 4 * (64 * 32 * 4 // 4) == 1536
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_shares_are_the_blocks_holders_names(dtensor_run):
     assert dtensor_run["shares"]
     assert dtensor_run["shapes"] == [[32, 8]] * 8
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_sharded_matmuls(dtensor_run):
     split_k = dtensor_run["matmul_split_k"]
     assert split_k["equal"] and split_k["layout"] == ["unsharded", "unsharded"]
@@ -189,6 +194,7 @@ def test_sharded_matmuls(dtensor_run):
     assert rows_cols["equal"] and rows_cols["layout"] == ["batch", "model"] and rows_cols["physical"] == []
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_gpt_on_meshes_equals_one_device_and_the_by_hand_versions(dtensor_run):
     assert dtensor_run["forward_equal"] == 0.0
     for name in ("dp", "dp_tp", "tp"):
@@ -204,6 +210,7 @@ def test_gpt_on_meshes_equals_one_device_and_the_by_hand_versions(dtensor_run):
     assert dtensor_run["dp"]["held"] == {"block0/w1": [32, 128], "block0/w2": [128, 32]}
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_tensor_parallel_inserts_megatrons_all_reduces(dtensor_run):
     """Per block: one all-reduce after attention and one after the MLP forward, and two in the backward."""
     tp = dtensor_run["tp"]["physical"]
@@ -213,6 +220,7 @@ def test_tensor_parallel_inserts_megatrons_all_reduces(dtensor_run):
     assert len(dp_tp) == 8 and all(c[2] == 4 for c in dp_tp)  # the batch halves each device's activations
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_data_parallel_gradients_travel_in_one_padded_bucket_of_the_weights(dtensor_run):
     """DTensor combines the gradient all-reduces into one bucket: every weight once, padded to 1,024 values."""
     weights = 64 * 32 + 16 * 32 + 2 * 32 + 32 * 64 + 2 * (4 * 32 + 4 * 32 * 32 + 32 + 32 * 128 + 128 + 128 * 32 + 32)
@@ -220,6 +228,7 @@ def test_data_parallel_gradients_travel_in_one_padded_bucket_of_the_weights(dten
     assert buckets == [["CollectiveReduceV2", [-(-weights // 1024) * 1024], 8, buckets[0][3]]]
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_a_batched_matmul_makes_dtensor_all_reduce_per_position(dtensor_run):
     """tf.matmul of [s, b, h] by a weight all-reduces the weight's per-position gradients (s × the bytes);
     gpt.dense's einsum, or the batch first, all-reduces the weight's size. The gradient is the same."""
@@ -293,6 +302,7 @@ result["tf_keras_dtensor"] = hasattr(tf.keras, "dtensor")
 """
 
 
+@pytest.mark.processes
 def test_keras_distribution_with_tensorflow_fails_or_shards_nothing():
     """Keras 3.13 (Colab's) can't build ModelParallel on TensorFlow; Keras 3.15 builds it, trains, splits nothing."""
     result = run_fresh(KERAS, timeout=300)["result"]
@@ -306,6 +316,7 @@ def test_keras_distribution_with_tensorflow_fails_or_shards_nothing():
     assert result["do_not_use"] and result["distribute_value_stub"] and not result["tf_keras_dtensor"]
 
 
+@pytest.mark.processes  # the module's 8-device process
 def test_bad_layouts_and_inputs_get_clear_errors(dtensor_run):
     errors = dtensor_run["errors"]
     assert errors["axis"].startswith("BadArgument") and "'data' is not on this mesh" in errors["axis"]

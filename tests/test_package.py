@@ -12,6 +12,7 @@ import mgpu_edu
 from mgpu_edu import devices, processes, show_source
 
 
+@pytest.mark.processes
 def test_import_does_not_load_tensorflow():
     out = processes.run_in_new_process(
         "import sys, time\n"
@@ -27,6 +28,7 @@ def test_import_does_not_load_tensorflow():
     print(f"import mgpu_edu took {float(seconds):.3f} s (budget 0.3 s; measured, not asserted)")
 
 
+@pytest.mark.processes
 def test_tensorflow_import_is_silent():
     out = processes.run_in_new_process(
         "from mgpu_edu import import_tensorflow\n"
@@ -39,6 +41,7 @@ def test_tensorflow_import_is_silent():
     assert "oneDNN" not in out.stderr and "cuda" not in out.stderr.lower(), out.stderr
 
 
+@pytest.mark.processes
 def test_new_process_runs_the_code_as_its_main_program():
     """run_in_new_process adds one line of its own (the garbage collector frozen at exit); the code
     still runs as written: a __future__ import first, as __main__, tracebacks with its line numbers."""
@@ -58,7 +61,8 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(mgpu_edu.__path__, "mgpu_
                  if not m.name.endswith("__main__"))
 
 
-@pytest.mark.parametrize("name", MODULES)
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.processes) if name.endswith(".processes")
+                                  else name for name in MODULES])  # its examples start new processes
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from mgpu_edu import course, data
 
 if sys.version_info >= (3, 11):
@@ -28,6 +30,7 @@ def test_binder_files():
     assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
 
 
+@pytest.mark.processes
 def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_nothing_else(tmp_path):
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "tensorflow" not in " ".join(config["project"]["dependencies"])

@@ -102,6 +102,7 @@ def test_bad_layouts_get_clear_errors():
         planner.predict(TINY, planner.Layout(1, 1, 1, recompute="all"))
 
 
+@pytest.mark.processes
 def test_planner_imports_no_tensorflow():
     import subprocess
 

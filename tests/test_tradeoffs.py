@@ -104,6 +104,7 @@ def test_recovery_arithmetic():
         recovery.checkpoint_interval(0, 100)
 
 
+@pytest.mark.processes
 def test_recomputation_measured_with_tensorflows_allocator():
     """Lesson 10's numbers, read from TensorFlow's own CPU allocator (TF_CPU_ALLOCATOR_USE_BFC makes
     get_memory_info count on a CPU), as step_memory reads them.
@@ -150,6 +151,7 @@ def test_recomputation_measured_with_tensorflows_allocator():
     assert out["lesson"]["peak_phase"] == ["backward", "backward"]
 
 
+@pytest.mark.processes
 def test_step_memory_on_a_cpu_without_bfc_warns_that_small_allocations_are_missed():
     """TensorFlow 2.21's default CPU allocator counts allocations of 256 KiB and up only: a 64 KiB tensor adds
     nothing, a 256 KiB one 262,144 bytes. step_memory still reads it, and warns how to count everything."""
