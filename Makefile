@@ -112,8 +112,9 @@ EDITION ?= learner
 site: setup
 	$(BIN)/python docs/site/build.py --edition $(EDITION)
 
-# Time and memory of every lesson, and import time, into build/budgets/ (ignored by git): what
-# `make test` runs. Measurements are not sources: only `make budgets-commit` writes them into the
+# Time and memory of every lesson, and import time, into build/budgets/ (ignored by git), in this environment
+# (make test runs the same script in the Binder-like one). Measurements are not sources: only
+# `make budgets-commit` writes them into the
 # tracked benchmarks/results.md, CONTRIBUTING.md's budget table and the guide's time table.
 budgets: setup
 	$(BIN)/python benchmarks/budgets.py
