@@ -6,8 +6,8 @@ learner would. Lesson 03: steps the all-reduce stepper and adds a device. Lesson
 replicas slider (timing the diagram's redraw) and clicks Train, and waits for a new row in the
 results table. Lesson 07: adds a pipeline stage. Lesson 08: moves a slider and clicks a toggle of
 the scaling simulator. Lesson 10: moves the memory calculator's ZeRO-stage slider. Each checks the
-redrawn figure and numbers. The whole lessons run under nbval (once per environment); running them
-here again would cost a fourth run of each. Chromium comes from apt (``make test`` installs it when
+redrawn figure and numbers. The whole lessons run under nbval in the Colab-like and Binder-like
+environments; running them here again would cost a third run of each (beside the student version's). Chromium comes from apt (``make test`` installs it when
 it can); Playwright's own browser downloads are not used.
 """
 

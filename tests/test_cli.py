@@ -53,6 +53,8 @@ def mgpu_edu(*args: str, cwd: Path, env: dict[str, str] | None = None,
                 status = cli.main(list(args))
             except SystemExit as exit_:  # argparse's usage errors and --help
                 status = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+                if not isinstance(exit_.code, (int, type(None))):
+                    print(exit_.code, file=sys.stderr)  # as the interpreter prints it
     finally:
         os.chdir(before)
         os.environ.clear()
@@ -75,6 +77,7 @@ def code_of(path: Path) -> str:
 # --- help and the command without TensorFlow -------------------------------------------------------
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 @pytest.mark.parametrize("command", [[], ["lessons"], ["student"], ["badges"], ["grade"], ["doctor"]])
 def test_every_command_has_help(tmp_path, command):
     done = mgpu_edu(*command, "--help", cwd=tmp_path, process=True)
@@ -85,6 +88,7 @@ def test_every_command_has_help(tmp_path, command):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_no_command_is_a_usage_error(tmp_path):
     done = mgpu_edu(cwd=tmp_path, process=True)
     assert done.returncode == 2 and "required: COMMAND" in done.stderr
@@ -111,6 +115,7 @@ importlib.metadata.version = version
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW)
@@ -129,6 +134,7 @@ def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_pat
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_missing_notebook_tools_name_the_extra(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW.replace(
@@ -273,6 +279,7 @@ def make_fork(tmp_path: Path) -> Path:
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
@@ -302,6 +309,7 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path):
     fork = make_fork(tmp_path)
     (fork / ".git").rmdir()
@@ -318,6 +326,7 @@ def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path)
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path):
     fork = make_fork(tmp_path)
     assert mgpu_edu("student", "lessons", "handout", cwd=fork).returncode == 0
@@ -365,7 +374,8 @@ def test_grade_runs_each_notebook_and_reports_every_check(tmp_path):
                    "answer = ...\nfeedback = check.ring_bytes(answer, n=6, nbytes=6_000_000)",
                    "answer = 1 / 0\nfeedback = check.ring_steps(answer, n=8)",
                    "print('the notebook went on')")
-    done = mgpu_edu("grade", "alice.ipynb", "--csv", "grades.csv", cwd=tmp_path)
+    # a process of its own: the kernels' warnings go to its stderr, which a capture in this process would miss
+    done = mgpu_edu("grade", "alice.ipynb", "--csv", "grades.csv", cwd=tmp_path, process=True)
     assert done.returncode == 0, done.stderr
     assert "alice.ipynb: 1/4 correct" in done.stdout
     rows = (tmp_path / "grades.csv").read_text().splitlines()

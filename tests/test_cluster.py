@@ -39,6 +39,7 @@ def test_tf_config_and_addresses():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_workers_finish_and_logs_come_back():
     with cluster.LocalCluster(SLEEPER, workers=3, args=["done"]) as job:
         logs = job.wait(timeout=30)
@@ -47,6 +48,7 @@ def test_workers_finish_and_logs_come_back():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_workers_run_on_the_cpu_unless_env_says_otherwise(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the kernel's own GPU, which it holds
     with cluster.LocalCluster(SLEEPER, workers=2, args=["gpus"]) as job:
@@ -58,6 +60,7 @@ def test_workers_run_on_the_cpu_unless_env_says_otherwise(monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_dead_worker_is_a_clear_error_not_a_hang():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["fail"]) as job:
         # WorkerFailed, not the TimeoutError a hang would end in: the healthy worker sleeps 300 s
@@ -69,6 +72,7 @@ def test_dead_worker_is_a_clear_error_not_a_hang():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_time_limit_stops_everyone():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "300"]) as job:
         with pytest.raises(TimeoutError, match="did not finish within 2 s"):
@@ -79,6 +83,7 @@ def test_time_limit_stops_everyone():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_error_inside_the_block_kills_workers():
     with pytest.raises(KeyboardInterrupt):
         with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "300"]) as job:
@@ -89,6 +94,7 @@ def test_error_inside_the_block_kills_workers():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_busy_port_is_swapped_for_a_free_one():
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -103,6 +109,7 @@ def test_busy_port_is_swapped_for_a_free_one():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="orphan cleanup on kill uses Linux's PDEATHSIG")
 def test_killing_the_run_midway_leaves_no_worker(tmp_path):
     """A run (like a notebook kernel) is killed outright while its workers run: none may remain."""
@@ -130,6 +137,7 @@ def test_killing_the_run_midway_leaves_no_worker(tmp_path):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_wait_for_a_line_then_kill_one_worker():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "60"]) as job:
         assert "worker 1 pid" in job.wait_for("pid", worker=1, timeout=30)
@@ -143,6 +151,7 @@ def test_wait_for_a_line_then_kill_one_worker():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_wait_for_text_that_never_comes():
     with cluster.LocalCluster(SLEEPER, workers=1, args=["done"]) as job:
         with pytest.raises(cluster.WorkerFailed, match="worker 0 finished without printing 'never'"):
@@ -164,6 +173,7 @@ def test_bad_arguments():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_ports_must_match_workers_and_logs_are_cleaned_up(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the clusters' log folders go here
     with pytest.raises(ValueError, match="2 ports for 3 workers"):
@@ -183,6 +193,7 @@ def test_ports_must_match_workers_and_logs_are_cleaned_up(tmp_path, monkeypatch)
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 @pytest.mark.skipif(not cluster.network_isolation_available(), reason="needs Linux user namespaces")
 def test_isolated_workers_are_unreachable_from_outside(tmp_path):
     """Workers that listen on a port are reachable on 127.0.0.1 inside their namespace only."""
@@ -217,6 +228,7 @@ def test_isolated_workers_are_unreachable_from_outside(tmp_path):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_wait_for_exit_returns_one_workers_own_exit_code_and_leaves_the_others_running():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "60"]) as job:
         job.wait_for("pid", worker=1, timeout=30)

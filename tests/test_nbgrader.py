@@ -5,9 +5,10 @@
   says "not solved yet", and nbgrader gives it zero points. This is the one run of each student
   version in ``make test``;
 - it gives the instructor's version full points, graded from the outputs stored in lessons/ (made by
-  ``make lessons``) without running it: nbval runs every lesson in the same ``make test`` and fails
-  if a cell raises or a check cell prints other feedback than it stored, so the stored outputs are
-  this run's. That grading reads the outputs is checked too: an error stored in a check cell costs
+  ``make lessons``) without running it: in the same ``make test``, nbval runs every lesson in the
+  Colab-like and Binder-like environments and fails if a cell raises or a check cell prints other
+  feedback than it stored, so those runs reproduce the stored outputs (``make test-main`` alone
+  doesn't check that). That grading reads the outputs is checked too: an error stored in a check cell costs
   its point;
 - on lesson 03's exercises (a notebook of just them, which runs in a second), a solved student copy
   gets full points, and one whose locked checks were edited zero (nbgrader restores them);

@@ -33,6 +33,7 @@ def private_log(tmp_path, monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_subprocesses_are_refused_and_logged(private_log):
     done = subprocess.run([sys.executable, "-c", TRY_DOWNLOAD], capture_output=True, text=True, check=True)
     assert "mgpu_edu offline guard: network access to 'example.com' blocked" in done.stdout
@@ -40,6 +41,7 @@ def test_subprocesses_are_refused_and_logged(private_log):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_direct_connections_to_other_hosts_are_refused(private_log):
     code = ("import socket\ns = socket.socket()\n"
             "try:\n    s.connect(('192.0.2.1', 80))\nexcept OSError as e:\n    print(e)")
@@ -48,6 +50,7 @@ def test_direct_connections_to_other_hosts_are_refused(private_log):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_loopback_still_works(private_log):
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
@@ -58,6 +61,7 @@ def test_loopback_still_works(private_log):
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_lesson_kernels_run_guarded(private_log):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("import sitecustomize\nprint(sitecustomize.GUARD)"),
@@ -90,6 +94,7 @@ def test_dirty():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_a_run_that_leaves_files_processes_or_touches_the_network_fails(tmp_path):
     root = Path(__file__).resolve().parents[1]
     shutil.copy(root / "conftest.py", tmp_path / "conftest.py")

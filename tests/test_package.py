@@ -13,6 +13,7 @@ from mgpu_edu import devices, processes, show_source
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_import_does_not_load_tensorflow():
     out = processes.run_in_new_process(
         "import sys, time\n"
@@ -42,6 +43,7 @@ def test_tensorflow_import_is_silent():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_new_process_runs_the_code_as_its_main_program():
     """run_in_new_process adds one line of its own (the garbage collector frozen at exit); the code
     still runs as written: a __future__ import first, as __main__, tracebacks with its line numbers."""
@@ -61,7 +63,8 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(mgpu_edu.__path__, "mgpu_
                  if not m.name.endswith("__main__"))
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.processes) if name.endswith(".processes")
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.processes, pytest.mark.light])
+                                  if name.endswith(".processes")
                                   else name for name in MODULES])  # its examples start new processes
 def test_docstring_examples_run(name):
     module = importlib.import_module(name)

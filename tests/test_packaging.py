@@ -31,6 +31,7 @@ def test_binder_files():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_nothing_else(tmp_path):
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "tensorflow" not in " ".join(config["project"]["dependencies"])

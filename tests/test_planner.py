@@ -103,6 +103,7 @@ def test_bad_layouts_get_clear_errors():
 
 
 @pytest.mark.processes
+@pytest.mark.light  # its processes don't import TensorFlow
 def test_planner_imports_no_tensorflow():
     import subprocess
 
