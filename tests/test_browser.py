@@ -7,8 +7,9 @@ replicas slider (timing the diagram's redraw) and clicks Train, and waits for a 
 results table. Lesson 07: adds a pipeline stage. Lesson 08: moves a slider and clicks a toggle of
 the scaling simulator. Lesson 10: moves the memory calculator's ZeRO-stage slider. Each checks the
 redrawn figure and numbers. The whole lessons run under nbval in the Colab-like and Binder-like
-environments; running them here again would cost a third run of each (beside the student version's). Chromium comes from apt (``make test`` installs it when
-it can); Playwright's own browser downloads are not used.
+environments; running them here again would cost a third run of each (beside the student
+version's). Chromium comes from apt (``make test`` installs it when it can); Playwright's own
+browser downloads are not used.
 """
 
 from __future__ import annotations
