@@ -99,17 +99,16 @@ def _sample(proc: psutil.Process, stop: threading.Event, samples: list[tuple[flo
         stop.wait(0.05)
 
 
-def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float, dict]:
+def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float, int]:
     """Run the lessons under nbval in one pytest process, as CI runs them; return a row per lesson
-    (time, kernel peak, all processes' peak, outcome) and the whole run's wall time.
+    (time, kernel peak, all processes' peak, outcome), the whole run's wall time and pytest's exit status.
 
     A lesson's time is the summed duration of its cells' setup, call and teardown (benchmarks/
     lesson_timing.py), its kernel's start and stop included; the whole run adds pytest's own start
     (importing nbval and nbformat), paid once. Memory samples are told apart by when they were
     taken: between a lesson's first cell starting and its last one ending. With ``busy``, other
     processes keep the cores busy in bursts meanwhile (bursty_load.py): times then say how much slower
-    a lesson runs on a shared machine, and whether it still passes. The third value gives the pytest exit
-    status."""
+    a lesson runs on a shared machine, and whether it still passes."""
     timing = ROOT / "build" / "budgets" / "lesson-timing.json"
     timing.parent.mkdir(parents=True, exist_ok=True)
     timing.unlink(missing_ok=True)
@@ -152,7 +151,7 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float,
                      "summary": f"{span['passed']} passed, {span['failed']} failed",
                      "slowest": [(cell, round(s, 1)) for cell, s in
                                  sorted(span["cells"].items(), key=lambda kv: -kv[1])[:3]]})
-    return rows, round(seconds, 1), {"exit_status": proc.returncode}
+    return rows, round(seconds, 1), proc.returncode
 
 
 def time_import(statement: str, repeats: int = 5) -> tuple[float, bool]:
@@ -269,7 +268,7 @@ def main() -> int:
     except ValueError as error:
         parser.error(str(error))
     reference = [time_import(HOST_REFERENCE, repeats=3)[0]]  # the host's speed, before and after the suite
-    rows, suite_seconds, run = run_suite(paths, busy=args.busy)
+    rows, suite_seconds, exit_status = run_suite(paths, busy=args.busy)
     reference.append(time_import(HOST_REFERENCE, repeats=3)[0])
     for row in rows:
         slowest = ", ".join(f"{cell} {seconds:.1f} s" for cell, seconds in row.get("slowest", []))
@@ -314,8 +313,7 @@ def main() -> int:
         guide.write_text(replace_block(guide.read_text(encoding="utf-8"), TIMES_START, TIMES_END, block),
                          encoding="utf-8")
         print("refreshed CONTRIBUTING.md's budget table and docs/instructors.md's time table")
-    failures = [f"pytest failed (exit status {run['exit_status']}): see its report above"] if run[
-        "exit_status"] else []
+    failures = [f"pytest failed (exit status {exit_status}): see its report above"] if exit_status else []
     failures += [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
     failures += [f"{r['lesson']}: kernel peak {r['kernel_mb']} MB > {KERNEL_BUDGET_MB:.0f} MB"
                  for r in rows if r["kernel_mb"] > KERNEL_BUDGET_MB]

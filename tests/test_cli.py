@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 import pytest
@@ -43,12 +44,11 @@ def mgpu_edu(*args: str, cwd: Path, env: dict[str, str] | None = None,
                               env={**os.environ, **(env or {})}, check=False)
     from mgpu_edu.course import cli
 
-    out, err, before, saved = io.StringIO(), io.StringIO(), os.getcwd(), dict(os.environ)
-    os.environ.update(env or {})
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
     env_module.detect_environment.cache_clear()  # it reads MGPU_EDU_PLATFORM once
     os.chdir(cwd)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 status = cli.main(list(args))
             except SystemExit as exit_:  # argparse's usage errors and --help
@@ -57,8 +57,6 @@ def mgpu_edu(*args: str, cwd: Path, env: dict[str, str] | None = None,
                     print(exit_.code, file=sys.stderr)  # as the interpreter prints it
     finally:
         os.chdir(before)
-        os.environ.clear()
-        os.environ.update(saved)
         env_module.detect_environment.cache_clear()
     return subprocess.CompletedProcess(["mgpu-edu", *args], status, out.getvalue(), err.getvalue())
 
