@@ -13,14 +13,10 @@ STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
 setup: $(STAMP)
 
-# The environment's pip and uv first: make test sets up the other environments with that uv (.ci/uv) while
-# this one installs.
-UV := $(BIN)/uv
-$(UV):
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# uv installs the environment in seconds where pip takes a minute (.ci/uv); pip stays in it for you
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
-$(STAMP): pyproject.toml | $(UV)
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e ".[$(FLAVOUR),dev]"
 	@# nbgrader is here for tests/test_nbgrader.py: keep its menus out of the JupyterLab that make lab opens
 	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
@@ -39,10 +35,9 @@ lab: setup
 # the budget table) and its student version once (under nbgrader, in the main environment); the test runs
 # note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Two tracks side by side: the main environment (set up, then tested), and, from the moment the main
-# environment has uv, the other three environments (set up side by side while the main one installs, then
-# tested one after another), then the main environment's tests that balance the two tracks (OTHER_TRACK,
-# below). Three tracks were measured slower (CONTRIBUTING.md). Every test and lesson is written
+# Two tracks side by side, once the main environment is set up: the main environment's tests, and the other
+# three environments (set up side by side, then tested one after another), then the main environment's
+# tests that balance the two tracks (OTHER_TRACK, below). Every test and lesson is written
 # to pass on a busy machine: each track keeps the cores busy for the other (so the Colab-like lessons get no
 # extra bursty load here), and the budget table says how busy it was (its host-speed line). The main track
 # prints as it goes; the other writes to build/test-others.log, printed whole when it ends.
@@ -50,7 +45,7 @@ test:
 	rm -f $(EXECUTIONS)
 	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j2 test-main test-others
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
-test-others: $(UV)
+test-others: setup
 	@mkdir -p build; echo "Colab-like, Binder-like and Python 3.10 environments: set up and tested beside the main one (build/test-others.log)"
 	@{ $(MAKE) --no-print-directory -j3 setup-colab setup-binder setup-py310 && \
 	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder run-py310 test-examples; } \
