@@ -87,7 +87,7 @@ test-busy: setup
 
 # Colab-like (Python 3.13, TF 2.20, Keras 3.13, ipywidgets 7.7.1: .ci/colab-constraints.txt),
 # Binder-like (binder/: every lesson, its time and its kernel's peak memory: make test's budget table), and
-# Python 3.10's unit tests but those whose processes import TensorFlow (marked `processes`, not `light`);
+# Python 3.10's unit tests but those whose processes import TensorFlow (marked `processes`; those marked `light` run);
 # each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-py310).
 # (setup-X installs one, run-X tests it: make test does all the installs first.)
 test-colab:

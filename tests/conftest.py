@@ -133,20 +133,21 @@ def four_devices() -> list[str]:
 # Commands libraries run to ask about the machine (h5py, imported by TensorFlow, runs `uname -p` once per
 # process; mgpu_edu.env runs nvidia-smi where it is on the PATH): not what the `processes` mark is about.
 MACHINE_QUERIES = {"uname", "nvidia-smi"}
+HOW_TO_MARK = "or @pytest.mark.light if none of its processes imports TensorFlow; tests/conftest.py says why"
 
 
 @contextlib.contextmanager
 def _refusing_new_processes(item):
     """A test that starts a process through ``subprocess`` (``run``, ``Popen``, asyncio's subprocesses and
     jupyter_client's kernels all go through ``Popen``: a fresh Python with a device layout of its own, the
-    command line through its entry point, a kernel, a cluster, git) says so with ``@pytest.mark.processes``;
-    the Python 3.10 job leaves those out unless they are also marked ``light`` (their processes don't import
-    TensorFlow). While an unmarked test and the fixtures it sets up run, every such start is refused, and the
-    test fails afterwards even if the code under test caught the refusal, so the mark can't be missing where
-    this test process starts processes. (``os.fork``, ``os.system`` and ``multiprocessing`` are not watched:
-    nothing here uses them. A fixture shared with marked tests is seen only when an unmarked test sets it
-    up, as in the Python 3.10 job. Tests marked ``slow`` or ``lessons`` start processes by design.)"""
-    if any(item.get_closest_marker(mark) for mark in ("processes", "slow", "lessons")):
+    command line through its entry point, a kernel, a cluster, git) says so with ``@pytest.mark.processes``,
+    or with ``@pytest.mark.light`` where none of its processes imports TensorFlow; the Python 3.10 job runs
+    only the ``light`` ones. While an unmarked test and the fixtures it sets up run, every such start is
+    refused, and the test fails afterwards even if the code under test caught the refusal, so the mark can't
+    be missing where this test process starts processes. (``os.fork``, ``os.system`` and ``multiprocessing``
+    are not watched: nothing here uses them. A fixture shared with marked tests is seen only when an unmarked
+    test sets it up, as in the Python 3.10 job. Tests marked ``slow`` or ``lessons`` start processes by design.)"""
+    if any(item.get_closest_marker(mark) for mark in ("processes", "light", "slow", "lessons")):
         yield
         return
     refused: list[str] = []
@@ -158,13 +159,13 @@ def _refusing_new_processes(item):
             return original(self, args, *rest, **options)
         refused.append(repr(args))
         raise AssertionError(f"{item.nodeid} starts a process ({args!r}) but is not marked "
-                             "@pytest.mark.processes: mark it (tests/conftest.py says why)")
+                             f"@pytest.mark.processes: mark it ({HOW_TO_MARK})")
 
     with mock.patch.object(subprocess.Popen, "__init__", refuse):
         yield
     if refused:
         pytest.fail(f"{item.nodeid} started {len(refused)} process(es) without @pytest.mark.processes: "
-                    f"{refused[0]} (tests/conftest.py says why)", pytrace=False)
+                    f"{refused[0]} ({HOW_TO_MARK})", pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -74,8 +74,7 @@ def code_of(path: Path) -> str:
 
 # --- help and the command without TensorFlow -------------------------------------------------------
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 @pytest.mark.parametrize("command", [[], ["lessons"], ["student"], ["badges"], ["grade"], ["doctor"]])
 def test_every_command_has_help(tmp_path, command):
     done = mgpu_edu(*command, "--help", cwd=tmp_path, process=True)
@@ -85,8 +84,7 @@ def test_every_command_has_help(tmp_path, command):
         assert f"mgpu-edu {command[0]}" in done.stdout
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_no_command_is_a_usage_error(tmp_path):
     done = mgpu_edu(cwd=tmp_path, process=True)
     assert done.returncode == 2 and "required: COMMAND" in done.stderr
@@ -112,8 +110,7 @@ importlib.metadata.version = version
 '''
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW)
@@ -131,8 +128,7 @@ def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_pat
     assert "ModuleNotFoundError" not in doctor.stderr
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_missing_notebook_tools_name_the_extra(tmp_path):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCK_TENSORFLOW.replace(
@@ -276,8 +272,7 @@ def make_fork(tmp_path: Path) -> Path:
     return fork
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
@@ -306,8 +301,7 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     assert snapshot == {p: p.read_bytes() for p in fork.rglob("*") if p.is_file()}
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path):
     fork = make_fork(tmp_path)
     (fork / ".git").rmdir()
@@ -323,8 +317,7 @@ def test_badges_says_how_to_publish_and_that_an_existing_tag_wont_move(tmp_path)
     assert "git tag fall-2027b && git push origin HEAD fall-2027b" in done.stdout
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path):
     fork = make_fork(tmp_path)
     assert mgpu_edu("student", "lessons", "handout", cwd=fork).returncode == 0

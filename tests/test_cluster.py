@@ -38,8 +38,7 @@ def test_tf_config_and_addresses():
     assert len(set(ports)) == 3 and all(cluster.port_is_free(p) for p in ports)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_workers_finish_and_logs_come_back():
     with cluster.LocalCluster(SLEEPER, workers=3, args=["done"]) as job:
         logs = job.wait(timeout=30)
@@ -47,8 +46,7 @@ def test_workers_finish_and_logs_come_back():
     assert [log.split()[1] for log in logs] == ["0", "1", "2"]
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_workers_run_on_the_cpu_unless_env_says_otherwise(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the kernel's own GPU, which it holds
     with cluster.LocalCluster(SLEEPER, workers=2, args=["gpus"]) as job:
@@ -59,8 +57,7 @@ def test_workers_run_on_the_cpu_unless_env_says_otherwise(monkeypatch):
     assert all("CUDA_VISIBLE_DEVICES='0'" in log for log in shown)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_dead_worker_is_a_clear_error_not_a_hang():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["fail"]) as job:
         # WorkerFailed, not the TimeoutError a hang would end in: the healthy worker sleeps 300 s
@@ -71,8 +68,7 @@ def test_dead_worker_is_a_clear_error_not_a_hang():
     assert not job.log_dir.exists()  # the error carried the log's last lines; caught here, nothing is left
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_time_limit_stops_everyone():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "300"]) as job:
         with pytest.raises(TimeoutError, match="did not finish within 2 s"):
@@ -82,8 +78,7 @@ def test_time_limit_stops_everyone():
     assert not job.log_dir.exists()
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_error_inside_the_block_kills_workers():
     with pytest.raises(KeyboardInterrupt):
         with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "300"]) as job:
@@ -93,8 +88,7 @@ def test_error_inside_the_block_kills_workers():
     shutil.rmtree(job.log_dir)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_busy_port_is_swapped_for_a_free_one():
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
@@ -108,8 +102,7 @@ def test_busy_port_is_swapped_for_a_free_one():
         holder.close()
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="orphan cleanup on kill uses Linux's PDEATHSIG")
 def test_killing_the_run_midway_leaves_no_worker(tmp_path):
     """A run (like a notebook kernel) is killed outright while its workers run: none may remain."""
@@ -136,8 +129,7 @@ def test_killing_the_run_midway_leaves_no_worker(tmp_path):
     shutil.rmtree(log_dir)  # the killed run could not tidy up its logs
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_wait_for_a_line_then_kill_one_worker():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "60"]) as job:
         assert "worker 1 pid" in job.wait_for("pid", worker=1, timeout=30)
@@ -150,8 +142,7 @@ def test_wait_for_a_line_then_kill_one_worker():
         cluster.LocalCluster(SLEEPER, workers=2).kill(2)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_wait_for_text_that_never_comes():
     with cluster.LocalCluster(SLEEPER, workers=1, args=["done"]) as job:
         with pytest.raises(cluster.WorkerFailed, match="worker 0 finished without printing 'never'"):
@@ -172,8 +163,7 @@ def test_bad_arguments():
         staleness.stale_sgd(-1)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_ports_must_match_workers_and_logs_are_cleaned_up(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the clusters' log folders go here
     with pytest.raises(ValueError, match="2 ports for 3 workers"):
@@ -192,8 +182,7 @@ def test_ports_must_match_workers_and_logs_are_cleaned_up(tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == [job.log_dir] and (job.log_dir / "worker0.log").exists()
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 @pytest.mark.skipif(not cluster.network_isolation_available(), reason="needs Linux user namespaces")
 def test_isolated_workers_are_unreachable_from_outside(tmp_path):
     """Workers that listen on a port are reachable on 127.0.0.1 inside their namespace only."""
@@ -227,8 +216,7 @@ def test_isolated_workers_are_unreachable_from_outside(tmp_path):
     assert all("reached 127.0.0.1:" in log for log in logs)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_wait_for_exit_returns_one_workers_own_exit_code_and_leaves_the_others_running():
     with cluster.LocalCluster(SLEEPER, workers=2, args=["sleep", "60"]) as job:
         job.wait_for("pid", worker=1, timeout=30)

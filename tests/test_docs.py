@@ -70,8 +70,7 @@ def test_guide_time_table_is_generated_from_the_manifest_and_the_committed_resul
     assert _block(guide, budgets.TIMES_START, budgets.TIMES_END) == expected
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_no_lesson_count_or_range_is_written_by_hand():
     """Counts and ranges of lessons come from the manifest; grep finds none anywhere else."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()

@@ -33,8 +33,7 @@ def _run(command: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedPr
                           check=False)
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 @pytest.mark.skipif(sys.platform == "win32", reason="the recipe is a bash one")
 def test_the_fork_guide_works_as_written(tmp_path):
     fork = tmp_path / "fork.git"

@@ -32,16 +32,14 @@ def private_log(tmp_path, monkeypatch):
     return log
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_subprocesses_are_refused_and_logged(private_log):
     done = subprocess.run([sys.executable, "-c", TRY_DOWNLOAD], capture_output=True, text=True, check=True)
     assert "mgpu_edu offline guard: network access to 'example.com' blocked" in done.stdout
     assert "example.com" in private_log.read_text()
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_direct_connections_to_other_hosts_are_refused(private_log):
     code = ("import socket\ns = socket.socket()\n"
             "try:\n    s.connect(('192.0.2.1', 80))\nexcept OSError as e:\n    print(e)")
@@ -49,8 +47,7 @@ def test_direct_connections_to_other_hosts_are_refused(private_log):
     assert "'192.0.2.1:80' blocked" in done.stdout
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_loopback_still_works(private_log):
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
@@ -60,8 +57,7 @@ def test_loopback_still_works(private_log):
     assert not private_log.exists()
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_lesson_kernels_run_guarded(private_log):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("import sitecustomize\nprint(sitecustomize.GUARD)"),
@@ -93,8 +89,7 @@ def test_dirty():
 '''
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_a_run_that_leaves_files_processes_or_touches_the_network_fails(tmp_path):
     root = Path(__file__).resolve().parents[1]
     shutil.copy(root / "conftest.py", tmp_path / "conftest.py")

@@ -12,8 +12,7 @@ import mgpu_edu
 from mgpu_edu import devices, processes, show_source
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_import_does_not_load_tensorflow():
     out = processes.run_in_new_process(
         "import sys, time\n"
@@ -42,8 +41,7 @@ def test_tensorflow_import_is_silent():
     assert "oneDNN" not in out.stderr and "cuda" not in out.stderr.lower(), out.stderr
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_new_process_runs_the_code_as_its_main_program():
     """run_in_new_process adds one line of its own (the garbage collector frozen at exit); the code
     still runs as written: a __future__ import first, as __main__, tracebacks with its line numbers."""
@@ -63,7 +61,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(mgpu_edu.__path__, "mgpu_
                  if not m.name.endswith("__main__"))
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=[pytest.mark.processes, pytest.mark.light])
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.light)
                                   if name.endswith(".processes")
                                   else name for name in MODULES])  # its examples start new processes
 def test_docstring_examples_run(name):

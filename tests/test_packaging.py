@@ -30,8 +30,7 @@ def test_binder_files():
     assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_nothing_else(tmp_path):
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "tensorflow" not in " ".join(config["project"]["dependencies"])

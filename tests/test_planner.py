@@ -102,8 +102,7 @@ def test_bad_layouts_get_clear_errors():
         planner.predict(TINY, planner.Layout(1, 1, 1, recompute="all"))
 
 
-@pytest.mark.processes
-@pytest.mark.light  # its processes don't import TensorFlow
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_planner_imports_no_tensorflow():
     import subprocess
 
