@@ -1,7 +1,7 @@
 #!/bin/bash
 # Packs TensorFlow 2.21 with the CUDA 12 libraries it loads, Keras, nbval and Jupyter for a lent
 # GPU machine that has Python 3.12 but no TensorFlow and no package registry (docs/gpu-runs.md,
-# 2026-11-26). Writes .gpu00/part ... .gpuNN/part (56 MiB each, git-ignored through
+# 2026-11-26). Writes .gpu00/part ... .gpuNN/part (up to 56 MiB each, smaller as the repository grows; git-ignored through
 # .git/info/exclude) and puts a zstd binary beside the last part. Each part travels in its own
 # call, whose command moves it to /tmp/parts; benchmarks/gpu_session.sh then unpacks and runs.
 set -euo pipefail
@@ -33,7 +33,10 @@ for library in cufft:libcufft.so.11 cusparse:libcusparse.so.12 cusolver:libcusol
 done
 cd - >/dev/null
 tar cf - -C "$work" site | zstd -q -12 --long=27 -T0 -f -o "$work/site.tar.zst"
-rm -rf .gpu[0-9]* && split -b 58720256 -d -a 2 "$work/site.tar.zst" "$work/part."
+# a call carries at most 64 MiB with the tracked files: leave them, zstd and 2 MiB of room
+tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+part_bytes=$(( (64 * 1048576 - tracked - 2 * 1048576) / 1048576 * 1048576 ))
+rm -rf .gpu[0-9]* && split -b "$part_bytes" -d -a 2 "$work/site.tar.zst" "$work/part."
 for part in "$work"/part.*; do mkdir -p ".gpu${part##*.}" && mv "$part" ".gpu${part##*.}/part"; done
 last=$(ls -d .gpu[0-9]* | tail -1)
 cp "$(command -v zstd)" "$last/"

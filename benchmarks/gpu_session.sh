@@ -2,24 +2,68 @@
 # Runs on a lent GPU machine that has no TensorFlow and no package registry: unpacks the
 # TensorFlow 2.21 + CUDA 12 site that benchmarks/gpu_pack.sh split into parts and earlier calls
 # carried, one each, into /tmp/parts (`mkdir -p /tmp/parts; mv .gpuNN/part /tmp/parts/NN`), then
-# prints what TensorFlow says about the card, runs benchmarks/gpu_checks.py and every lesson under
-# nbval on logical GPUs. Logs go to $OUT. docs/gpu-runs.md says what was seen.
+# prints what TensorFlow says about the card, runs benchmarks/gpu_checks.py (CHECKS=0 skips it), then
+# the lessons under nbval on logical GPUs, one pytest process per lesson with its own log and JUnit
+# file, in the order LESSONS names them (by number, e.g. "15 16 02"; all by default), until
+# LESSONS_S seconds after the start: a lesson still running then is stopped with SIGINT (pytest still
+# writes both files) and the ones not started are listed. Logs come back as $OUT/logs.tgz (a device
+# call returns at most 8 files). docs/gpu-runs.md says what was seen.
+#
+# LESSONS_AT_ONCE (default 1) runs several lessons side by side. Each TensorFlow process takes its
+# logical GPUs' memory up front, so a `sitecustomize` written below then divides setup_devices'
+# share of the card (80 %) by LESSONS_AT_ONCE + 2. Tried on 2026-11-27 with 6 and 10 at once: the
+# card's memory was full within seconds all the same and most lessons failed or hung
+# (docs/gpu-runs.md); one at a time is the way that has worked.
 set -u
-OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/gpu-out}; LOGS=/tmp/gpu-logs; mkdir -p "$OUT" "$LOGS"
+SITE=${SITE:-/tmp/site}; PY=${PY:-python3}
+LESSONS=${LESSONS:-$(ls lessons/[0-9]*.ipynb | sed 's#lessons/\([0-9]*\)_.*#\1#')}
+AT_ONCE=${LESSONS_AT_ONCE:-1}; SHARE=$(( AT_ONCE > 1 ? AT_ONCE + 2 : 1 ))
 t0=$(date +%s)
-if [ ! -d /tmp/site/tensorflow ]; then
+if [ ! -d "$SITE/tensorflow" ]; then
   Z=zstd; command -v zstd >/dev/null || { Z=$(ls .gpu*/zstd | tail -1); export LD_LIBRARY_PATH=$(dirname "$Z"); }
   cat /tmp/parts/* | $Z -d --long=27 | tar x -C /tmp || exit 3
 fi
 echo "unpacked in $(( $(date +%s) - t0 )) s"
-export LD_LIBRARY_PATH=$(ls -d /tmp/site/nvidia/*/lib | paste -sd:)
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
+mkdir -p /tmp/share
+cat > /tmp/share/sitecustomize.py <<PY
+from mgpu_edu.runtime import devices
+devices.USABLE_FRACTION = devices.USABLE_FRACTION / $SHARE
+PY
+export LD_LIBRARY_PATH=$(ls -d "$SITE"/nvidia/*/lib 2>/dev/null | paste -sd:)
+export PYTHONPATH=/tmp/share:$SITE:$PWD PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
-python3 -c "import tensorflow as tf, keras; print('TF', tf.__version__, 'Keras', keras.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -3
-python3 -m mgpu_edu doctor 2>&1 | tee "$OUT/doctor.log" | grep -E "GPU|✗|TensorFlow" | head -8
-timeout "${CHECKS_S:-150}" python3 benchmarks/gpu_checks.py > "$OUT/checks.log" 2>&1; echo "checks exit $?"
-grep -E "^CHECK|^\(" "$OUT/checks.log" | cut -c1-400
-timeout "${LESSONS_S:-330}" python3 -m pytest lessons/[0-9]*.ipynb -q --durations=0 -p no:cacheprovider \
-  > "$OUT/lessons.log" 2>&1; echo "lessons exit $?"
-grep -E "passed|failed|error|s call" "$OUT/lessons.log" | grep -v "^ " | tail -60 | cut -c1-300
+[ "${BRIEF:-0}" = 1 ] || $PY -c "import tensorflow as tf, keras; print('TF', tf.__version__, 'Keras', keras.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -3
+[ "${BRIEF:-0}" = 1 ] || $PY -m mgpu_edu doctor 2>&1 | tee "$LOGS/doctor.log" | grep -E "GPU|✗|TensorFlow" | head -8
+nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -l 2 > "$LOGS/smi.log" &
+smi=$!
+if [ "${CHECKS:-1}" != 0 ]; then
+  timeout "${CHECKS_S:-200}" $PY benchmarks/gpu_checks.py > "$LOGS/checks.log" 2>&1
+fi
+export PY LOGS DEADLINE=$(( t0 + ${LESSONS_S:-600} ))
+run_lesson() {   # one lesson under nbval, stopped at the deadline
+  left=$(( DEADLINE - $(date +%s) ))
+  if [ "$left" -le 5 ]; then echo "$1: not started (LESSONS_S reached)"; return; fi
+  timeout -s INT -k 20 "$left" $PY -m pytest lessons/"$1"_*.ipynb -q --tb=short -rfE -p no:cacheprovider \
+    -p no:benchmark --junitxml="$LOGS/$1.xml" > "$LOGS/$1.log" 2>&1
+}
+export -f run_lesson
+printf '%s\n' $LESSONS | xargs -P "$AT_ONCE" -I{} bash -c 'run_lesson {}'
+echo "lessons done after $(( $(date +%s) - t0 )) s"
+kill $smi 2>/dev/null
+[ -f "$LOGS/checks.log" ] && grep -E "^CHECK|^\(" "$LOGS/checks.log" | cut -c1-300
+for number in $LESSONS; do [ -f "$LOGS/$number.log" ] && grep -E "^(FAILED|ERROR)" "$LOGS/$number.log" | cut -c1-240 | head -12; done
+$PY - "$LOGS"/[0-9]*.xml <<'PY'
+import sys, xml.etree.ElementTree as ET
+total = [0, 0, 0.0]
+for path in sys.argv[1:]:
+    cases = list(ET.parse(path).iter("testcase"))
+    bad = sum(any(c.tag in ("failure", "error") for c in case) for case in cases)
+    seconds = sum(float(case.get("time", 0)) for case in cases)
+    print(f"{path.rsplit('/', 1)[-1][:-4]}: {len(cases)} cells, {bad} failed, {seconds:.1f} s")
+    total = [total[0] + len(cases), total[1] + bad, total[2] + seconds]
+print(f"all: {total[0]} cells, {total[1]} failed, {total[2]:.1f} s (cell times summed)")
+PY
+sort -t, -k2 -n "$LOGS/smi.log" | tail -1 | sed 's/^/most GPU memory used (all processes): /'
 echo "total $(( $(date +%s) - t0 )) s"
+tar czf "$OUT/logs.tgz" -C "$LOGS" .   # at most 8 files come back from a device call
