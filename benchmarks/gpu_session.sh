@@ -9,11 +9,12 @@
 # writes both files) and the ones not started are listed. Logs come back as $OUT/logs.tgz (a device
 # call returns at most 8 files). docs/gpu-runs.md says what was seen.
 #
-# LESSONS_AT_ONCE (default 1) runs several lessons side by side. Each TensorFlow process takes its
-# logical GPUs' memory up front, so a `sitecustomize` written below then divides setup_devices'
-# share of the card (80 %) by LESSONS_AT_ONCE + 2. Tried on 2026-11-27 with 6 and 10 at once: the
-# card's memory was full within seconds all the same and most lessons failed or hung
-# (docs/gpu-runs.md); one at a time is the way that has worked.
+# LESSONS_AT_ONCE (default 1) runs several lessons side by side. setup_devices gives a process's
+# logical GPUs 80 % of the card between them, so several processes at once need a smaller share: a
+# `sitecustomize` written below divides that share by LESSONS_AT_ONCE + 2 in every Python process
+# (tests/offline/sitecustomize.py, which the tests put first on PYTHONPATH, runs it after itself).
+# On 2026-11-27 it did not yet: the offline guard hid it from the lesson kernels, each kernel took the
+# full share, and the card filled (docs/gpu-runs.md). Side by side is untested since that fix.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; LOGS=/tmp/gpu-logs; mkdir -p "$OUT" "$LOGS"
 SITE=${SITE:-/tmp/site}; PY=${PY:-python3}

@@ -40,6 +40,17 @@ def test_subprocesses_are_refused_and_logged(private_log):
 
 
 @pytest.mark.light  # starts processes, none of which imports TensorFlow
+def test_a_sitecustomize_later_on_the_path_still_runs(private_log, tmp_path):
+    """The guard is the first sitecustomize on PYTHONPATH; one after it (a system's, or a GPU run's) runs as well."""
+    (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.LATER_SITECUSTOMIZE = 'ran'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ["PYTHONPATH"], str(tmp_path)]))
+    code = TRY_DOWNLOAD + "import builtins\nprint('later:', getattr(builtins, 'LATER_SITECUSTOMIZE', 'not run'))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, timeout=60)
+    assert "network access to 'example.com' blocked" in done.stdout  # the guard still runs first
+    assert "later: ran" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.light  # starts processes, none of which imports TensorFlow
 def test_direct_connections_to_other_hosts_are_refused(private_log):
     code = ("import socket\ns = socket.socket()\n"
             "try:\n    s.connect(('192.0.2.1', 80))\nexcept OSError as e:\n    print(e)")

@@ -5,6 +5,10 @@ pytest itself, in every lesson kernel nbval starts, and in every worker process 
 test starts. A connection or name lookup for anything but this machine raises OSError and is
 written to the file named by ``MGPU_EDU_NETWORK_LOG``; the test session fails if that file
 gains a line. That proves the lessons never download anything, even when they catch the error.
+
+Python imports only the first ``sitecustomize`` on ``sys.path``, so this one would hide any other (a
+system's, or one a run puts on ``PYTHONPATH`` to adjust every process, as benchmarks/gpu_session.sh
+does): at start-up it runs the next one on the path too, as Python would have without it.
 """
 
 import ipaddress
@@ -59,3 +63,21 @@ def _guard_connect(method):
 socket.getaddrinfo = _guarded_getaddrinfo
 socket.socket.connect = _guard_connect(socket.socket.connect)
 socket.socket.connect_ex = _guard_connect(socket.socket.connect_ex)
+
+
+def _run_the_sitecustomize_this_one_hides() -> None:
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.getcwd())
+        candidate = os.path.join(folder, "sitecustomize.py")
+        if folder != here and os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_sitecustomize_after_the_offline_guard", candidate)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return
+
+
+if __name__ == "sitecustomize":  # Python's start-up, not conftest.py guarding pytest itself
+    _run_the_sitecustomize_this_one_hides()
