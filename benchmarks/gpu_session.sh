@@ -19,20 +19,20 @@ set -u
 OUT=${OUT:-/tmp/gpu-out}; LOGS=/tmp/gpu-logs; mkdir -p "$OUT" "$LOGS"
 SITE=${SITE:-/tmp/site}; PY=${PY:-python3}
 LESSONS=${LESSONS:-$(ls lessons/[0-9]*.ipynb | sed 's#lessons/\([0-9]*\)_.*#\1#')}
-AT_ONCE=${LESSONS_AT_ONCE:-1}; SHARE=$(( AT_ONCE > 1 ? AT_ONCE + 2 : 1 ))
+AT_ONCE=${LESSONS_AT_ONCE:-1}
 t0=$(date +%s)
 if [ ! -d "$SITE/tensorflow" ]; then
   Z=zstd; command -v zstd >/dev/null || { Z=$(ls .gpu*/zstd | tail -1); export LD_LIBRARY_PATH=$(dirname "$Z"); }
   cat /tmp/parts/* | $Z -d --long=27 | tar x -C /tmp || exit 3
 fi
 echo "unpacked in $(( $(date +%s) - t0 )) s"
-mkdir -p /tmp/share
-cat > /tmp/share/sitecustomize.py <<PY
-from mgpu_edu.runtime import devices
-devices.USABLE_FRACTION = devices.USABLE_FRACTION / $SHARE
-PY
 export LD_LIBRARY_PATH=$(ls -d "$SITE"/nvidia/*/lib 2>/dev/null | paste -sd:)
-export PYTHONPATH=/tmp/share:$SITE:$PWD PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
+if [ "$AT_ONCE" -gt 1 ]; then   # each process's share of the card (see above)
+  mkdir -p /tmp/share
+  printf 'from mgpu_edu.runtime import devices\ndevices.USABLE_FRACTION /= %d\n' $(( AT_ONCE + 2 )) > /tmp/share/sitecustomize.py
+  PYTHONPATH=/tmp/share:$PYTHONPATH
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
 [ "${BRIEF:-0}" = 1 ] || $PY -c "import tensorflow as tf, keras; print('TF', tf.__version__, 'Keras', keras.__version__, tf.config.list_physical_devices('GPU'))" 2>&1 | tail -3
 [ "${BRIEF:-0}" = 1 ] || $PY -m mgpu_edu doctor 2>&1 | tee "$LOGS/doctor.log" | grep -E "GPU|✗|TensorFlow" | head -8
