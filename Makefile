@@ -9,7 +9,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab check test test-main test-examples test-busy test-colab test-binder test-py310 setup-colab setup-binder setup-py310 run-colab run-binder run-py310 test-others budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab check test test-main test-apart test-side test-busy test-colab test-binder test-py310 setup-colab setup-binder setup-py310 run-colab run-binder run-py310 test-others budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -35,39 +35,47 @@ lab: setup
 # the budget table) and its student version once (under nbgrader, in the main environment); the test runs
 # note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Two tracks side by side, once the main environment is set up: the main environment's tests, and the other
-# three environments (set up side by side, then tested one after another), then the main environment's
-# tests that balance the two tracks (OTHER_TRACK, below). Every test and lesson is written
-# to pass on a busy machine: each track keeps the cores busy for the other (so the Colab-like lessons get no
-# extra bursty load here), and the budget table says how busy it was (its host-speed line). The main track
-# prints as it goes; the other writes to build/test-others.log, printed whole when it ends.
+# Three tracks side by side, once the main environment is set up: the main environment's tests (printed as
+# they go); the Colab-like and Binder-like environments (set up side by side, then tested one after the
+# other: build/test-others.log); and the tests that mostly wait (build/test-side.log): the main
+# environment's browser tests and example clusters (SIDE_TRACK, below), then Python 3.10's unit tests, whose
+# timeouts and sleeper workers leave the cores to the other two. Every test and lesson is written to pass on a
+# busy machine: the tracks keep the cores busy for each other (so the Colab-like lessons get no extra bursty
+# load here), and the budget table says how busy it was (its host-speed line). A track's log is printed
+# whole when it ends.
 test:
 	rm -f $(EXECUTIONS)
-	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j2 test-main test-others
+	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j3 test-main test-others test-side
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 test-others: setup
-	@mkdir -p build; echo "Colab-like, Binder-like and Python 3.10 environments: set up and tested beside the main one (build/test-others.log)"
-	@{ $(MAKE) --no-print-directory -j3 setup-colab setup-binder setup-py310 && \
-	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder run-py310 test-examples; } \
+	@mkdir -p build; echo "Colab-like and Binder-like environments: set up and tested beside the main one (build/test-others.log)"
+	@{ $(MAKE) --no-print-directory -j2 setup-colab setup-binder && \
+	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder; } \
 	   > build/test-others.log 2>&1; \
 	status=$$?; echo "===== build/test-others.log (exit status $$status) ====="; cat build/test-others.log; exit $$status
+test-side: setup chromium
+	@mkdir -p build; echo "Browser tests, example clusters and Python 3.10 beside the other two tracks (build/test-side.log)"
+	@{ $(MAKE) --no-print-directory setup-py310 && $(MAKE) --no-print-directory -j1 test-apart run-py310; } \
+	   > build/test-side.log 2>&1; \
+	status=$$?; echo "===== build/test-side.log (exit status $$status) ====="; cat build/test-side.log; exit $$status
 
 # Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
-# the browser tests (Debian's chromium), the website, in one pytest run. It runs no whole lesson under nbval:
-# the Binder-like environment (the same releases, as binder/ installs them) does, and the Colab-like one;
-# here every lesson's cells but its solutions run in its student version. Everything runs with the network
-# blocked (see conftest.py).
+# the website (built and opened in Debian's chromium), in one pytest run; make test-apart runs the rest of
+# this environment's tests (SIDE_TRACK). It runs no whole lesson under nbval: the Binder-like environment (the same releases, as binder/
+# installs them) does, and the Colab-like one; here every lesson's cells but its solutions run in its
+# student version. Everything runs with the network blocked (see conftest.py).
 test-main: lint chromium
 	@date +'== main environment: tests (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests --durations=20 $(addprefix --ignore ,$(OTHER_TRACK))
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests --durations=20 $(addprefix --ignore ,$(SIDE_TRACK))
 
-# The main environment's tests that make test runs on its other track, which would otherwise end minutes
-# before the main one: the example scripts' clusters of TensorFlow processes (about two minutes, mostly
-# waiting on purpose for heartbeats and timeouts). Same environment (.venv), same checks.
-OTHER_TRACK := tests/test_examples.py
-test-examples: setup
-	@date +'== main environment: $(OTHER_TRACK) (%T)'
-	$(BIN)/python -m pytest -p no:randomly $(OTHER_TRACK)
+# The main environment's tests that make test runs on its third track (test-side), beside the other two:
+# the browser tests (JupyterLab in headless Chromium, driving every widget the lessons show) and the example
+# scripts' clusters of TensorFlow processes (mostly waiting on purpose for heartbeats and timeouts).
+# Same environment (.venv), same checks; make test-main leaves them out.
+SIDE_TRACK := tests/test_browser.py tests/test_examples.py
+test-apart: setup chromium
+	@date +'== main environment: $(SIDE_TRACK) (%T)'
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:randomly $(SIDE_TRACK)
 
 # The everyday loop, a few minutes from a warm .venv: lint, the unit tests that run no lesson (those marked
 # `lessons` or `slow` are make test's), and every lesson that differs from BASE's merge base (committed or

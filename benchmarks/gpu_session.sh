@@ -11,10 +11,12 @@
 #
 # LESSONS_AT_ONCE (default 1) runs several lessons side by side. setup_devices gives a process's
 # logical GPUs 80 % of the card between them, so several processes at once need a smaller share: a
-# `sitecustomize` written below divides that share by LESSONS_AT_ONCE + 2 in every Python process
+# `sitecustomize` written below makes every Python process plan with the card's memory divided by
+# LESSONS_AT_ONCE + 2
 # (tests/offline/sitecustomize.py, which the tests put first on PYTHONPATH, runs it after itself).
 # On 2026-11-27 it did not yet: the offline guard hid it from the lesson kernels, each kernel took the
-# full share, and the card filled (docs/gpu-runs.md). Side by side is untested since that fix.
+# full share, and the card filled (docs/gpu-runs.md). Dividing USABLE_FRACTION instead changed lesson 00's
+# T4 arithmetic, which uses it.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; LOGS=/tmp/gpu-logs; mkdir -p "$OUT" "$LOGS"
 SITE=${SITE:-/tmp/site}; PY=${PY:-python3}
@@ -30,7 +32,10 @@ export LD_LIBRARY_PATH=$(ls -d "$SITE"/nvidia/*/lib 2>/dev/null | paste -sd:)
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
 if [ "$AT_ONCE" -gt 1 ]; then   # each process's share of the card (see above)
   mkdir -p /tmp/share
-  printf 'from mgpu_edu.runtime import devices\ndevices.USABLE_FRACTION /= %d\n' $(( AT_ONCE + 2 )) > /tmp/share/sitecustomize.py
+  # the card each process plans with is smaller; USABLE_FRACTION stays, as lesson 00 computes with it
+  printf '%s\n' 'from mgpu_edu.runtime import devices' '_card = devices._gpu_memory_mb' \
+    "devices._gpu_memory_mb = lambda env, name: (_card(env, name) or 0) // $(( AT_ONCE + 2 )) or None" \
+    > /tmp/share/sitecustomize.py
   PYTHONPATH=/tmp/share:$PYTHONPATH
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader
