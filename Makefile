@@ -38,11 +38,12 @@ EXECUTIONS := $(CURDIR)/build/executions.tsv
 # Three tracks side by side, once the main environment is set up: the main environment's tests (printed as
 # they go); the Colab-like and Binder-like environments (set up side by side, then tested one after the
 # other: build/test-others.log); and the tests that mostly wait (build/test-side.log): the main
-# environment's tests marked `slow` (test-apart, below), then Python 3.10's unit tests, whose timeouts and
-# sleeper workers leave the cores to the other two. Every test and lesson is written to pass on a
-# busy machine: the tracks keep the cores busy for each other (so the Colab-like lessons get no extra bursty
-# load here), and the budget table says how busy it was (its host-speed line). A track's log is printed
-# whole when it ends.
+# environment's browser tests and example clusters (SIDE_TRACK, below), then Python 3.10's unit tests, whose
+# timeouts and sleeper workers leave the cores to the other two. (Every test marked `slow` on that track was
+# tried too: no faster, and in both its runs a Binder-like lesson, beside two CPU-bound tracks, met a stall
+# inside TensorFlow, once past nbval's 300-s cell timeout: CONTRIBUTING.md.) Every test and lesson is written to pass on a busy machine: the
+# tracks keep the cores busy for each other (so the Colab-like lessons get no extra bursty load here), and
+# the budget table says how busy it was (its host-speed line). A track's log is printed whole when it ends.
 test:
 	rm -f $(EXECUTIONS)
 	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j3 test-main test-others test-side
@@ -54,27 +55,28 @@ test-others: setup
 	   > build/test-others.log 2>&1; \
 	status=$$?; echo "===== build/test-others.log (exit status $$status) ====="; cat build/test-others.log; exit $$status
 test-side: setup chromium
-	@mkdir -p build; echo "The main environment's slow tests and Python 3.10 beside the other two tracks (build/test-side.log)"
-	@{ $(MAKE) --no-print-directory setup-py310 && $(MAKE) --no-print-directory -j1 test-apart run-py310; } \
+	@mkdir -p build; echo "Browser tests, example clusters and Python 3.10 beside the other two tracks (build/test-side.log)"
+	@{ $(MAKE) --no-print-directory -k -j1 setup-py310 test-apart run-py310; } \
 	   > build/test-side.log 2>&1; \
 	status=$$?; echo "===== build/test-side.log (exit status $$status) ====="; cat build/test-side.log; exit $$status
 
 # Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
-# in one pytest run; make test-apart runs the rest of this environment's tests (those marked `slow`). It runs no whole lesson under nbval: the Binder-like environment (the same releases, as binder/
-# installs them) does, and the Colab-like one; here every lesson's cells but its solutions run in its
-# student version. Everything runs with the network blocked (see conftest.py).
+# the website (built and opened in Debian's chromium), in one pytest run; make test-apart runs the rest of
+# this environment's tests (SIDE_TRACK). It runs no whole lesson under nbval: the Binder-like environment
+# (the same releases, as binder/ installs them) does, and the Colab-like one; here every lesson's cells but
+# its solutions run in its student version. Everything runs with the network blocked (see conftest.py).
 test-main: lint chromium
 	@date +'== main environment: tests (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests --durations=20 -m "not slow"
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests --durations=20 $(addprefix --ignore ,$(SIDE_TRACK))
 
-# The main environment's tests marked `slow`, which make test runs on its third track (test-side), beside the
-# other two: the browser tests (JupyterLab in headless Chromium, driving every widget the lessons show), the
-# website (both editions built by Sphinx and opened in Chromium), the example scripts' clusters of TensorFlow
-# processes and the other multi-process checks (much of it waiting on purpose for heartbeats and timeouts),
-# and the 8-device DTensor checks. Same environment (.venv), same checks; make test-main leaves them out.
+# The main environment's tests that make test runs on its third track (test-side), beside the other two:
+# the browser tests (JupyterLab in headless Chromium, driving every widget the lessons show) and the example
+# scripts' clusters of TensorFlow processes (mostly waiting on purpose for heartbeats and timeouts).
+# Same environment (.venv), same checks; make test-main leaves them out.
+SIDE_TRACK := tests/test_browser.py tests/test_examples.py
 test-apart: setup chromium
-	@date +'== main environment: the tests marked slow (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests -m slow -p no:randomly --durations=10
+	@date +'== main environment: $(SIDE_TRACK) (%T)'
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:randomly --durations=10 $(SIDE_TRACK)
 
 # The everyday loop, a few minutes from a warm .venv: lint, the unit tests that run no lesson (those marked
 # `lessons` or `slow` are make test's), and every lesson that differs from BASE's merge base (committed or
@@ -133,7 +135,7 @@ CHROMIUM ?= /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u 2>/dev/null)),,sudo -n)
 chromium:
 	@test -x $(CHROMIUM) || { echo "Installing chromium with apt for the browser test"; \
-		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; } \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 		|| { echo "Could not install chromium: install it (apt-get install chromium) or set CHROMIUM=/path"; exit 1; }
 
 lint: setup
