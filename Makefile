@@ -41,24 +41,25 @@ EXECUTIONS := $(CURDIR)/build/executions.tsv
 # environment's browser tests and example clusters (SIDE_TRACK, below), then Python 3.10's unit tests, whose
 # timeouts and sleeper workers leave the cores to the other two. (Every test marked `slow` on that track was
 # tried too: no faster, and in both its runs a Binder-like lesson, beside two CPU-bound tracks, met a stall
-# inside TensorFlow, once past nbval's 300-s cell timeout: CONTRIBUTING.md.) Every test and lesson is written to pass on a busy machine: the
-# tracks keep the cores busy for each other (so the Colab-like lessons get no extra bursty load here), and
-# the budget table says how busy it was (its host-speed line). A track's log is printed whole when it ends.
+# inside TensorFlow, once past nbval's 300-s cell timeout: CONTRIBUTING.md.) Every test and lesson is
+# written to pass on a busy machine: the tracks keep the cores busy for each other (so the Colab-like
+# lessons get no extra bursty load here), and the budget table says how busy it was (its host-speed line).
+# A track's log is printed whole when it ends, with its exit status (track, below).
 test:
 	rm -f $(EXECUTIONS)
 	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j3 test-main test-others test-side
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
+# $(call track,LOG,WHAT,COMMANDS): run a track's shell COMMANDS into build/LOG.log, then print it whole
+# and exit with their status.
+track = @mkdir -p build; echo "$(2) (build/$(1).log)"; { $(3); } > build/$(1).log 2>&1; \
+	status=$$?; echo "===== build/$(1).log (exit status $$status) ====="; cat build/$(1).log; exit $$status
 test-others: setup
-	@mkdir -p build; echo "Colab-like and Binder-like environments: set up and tested beside the main one (build/test-others.log)"
-	@{ $(MAKE) --no-print-directory -j2 setup-colab setup-binder && \
-	   BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder; } \
-	   > build/test-others.log 2>&1; \
-	status=$$?; echo "===== build/test-others.log (exit status $$status) ====="; cat build/test-others.log; exit $$status
+	$(call track,test-others,Colab-like and Binder-like environments: set up and tested beside the main one,\
+	  $(MAKE) --no-print-directory -j2 setup-colab setup-binder && \
+	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder)
 test-side: setup chromium
-	@mkdir -p build; echo "Browser tests, example clusters and Python 3.10 beside the other two tracks (build/test-side.log)"
-	@{ $(MAKE) --no-print-directory -k -j1 setup-py310 test-apart run-py310; } \
-	   > build/test-side.log 2>&1; \
-	status=$$?; echo "===== build/test-side.log (exit status $$status) ====="; cat build/test-side.log; exit $$status
+	$(call track,test-side,The browser tests and example clusters then Python 3.10 beside the other two tracks,\
+	  $(MAKE) --no-print-directory -k -j1 setup-py310 test-apart run-py310)
 
 # Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
 # the website (built and opened in Debian's chromium), in one pytest run; make test-apart runs the rest of
