@@ -152,27 +152,44 @@ def test_recomputation_measured_with_tensorflows_allocator():
 
 
 @pytest.mark.processes
-def test_step_memory_on_a_cpu_without_bfc_warns_that_small_allocations_are_missed():
-    """TensorFlow 2.21's default CPU allocator counts allocations of 256 KiB and up only: a 64 KiB tensor adds
-    nothing, a 256 KiB one 262,144 bytes. step_memory still reads it, and warns how to count everything."""
-    out = run_fresh("""
+@pytest.mark.parametrize("onednn", ["1", "0"])
+def test_step_memory_on_a_cpu_without_bfc_says_what_the_allocator_misses(onednn):
+    """Without TF_CPU_ALLOCATOR_USE_BFC, TensorFlow 2.21's CPU allocator depends on oneDNN (on by default on
+    Linux CPUs with AVX-512 VNNI or BF16, AVX-VNNI or AMX; TF_ENABLE_ONEDNN_OPTS sets it either way). With
+    oneDNN, its allocator counts allocations of 256 KiB and up only: a 64 KiB tensor adds nothing, a 256 KiB
+    one 262,144 bytes, and step_memory warns how to count everything. Without, the allocator keeps no
+    counts: get_memory_info raises, and so does step_memory, saying how to count."""
+    out = run_fresh(f"""
         import os, warnings
         os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "{onednn}"
         from mgpu_edu import data, devices, models, tradeoffs
         devices.setup_devices(2, verbose=False)
         import tensorflow as tf
         info = lambda: tf.config.experimental.get_memory_info("CPU:0")["current"]
-        keep, added = [], []
-        for n in (16_384, 65_536):  # 64 KiB and 256 KiB of float32
-            before = info()
-            keep.append(tf.ones((n,)))
-            added.append(info() - before)
+        keep, added, errors = [], [], []
+        try:
+            for n in (16_384, 65_536):  # 64 KiB and 256 KiB of float32
+                before = info()
+                keep.append(tf.ones((n,)))
+                added.append(info() - before)
+        except ValueError as error:
+            errors.append(str(error))
         digits = data.digits()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            tradeoffs.step_memory(models.mlp(64, 10, seed=0), models.per_example_loss(),
-                                  tf.constant(digits.x_train[:8]), tf.constant(digits.y_train[:8]))
-        result = {"added": added, "warnings": [str(w.message) for w in caught]}
+            try:
+                tradeoffs.step_memory(models.mlp(64, 10, seed=0), models.per_example_loss(),
+                                      tf.constant(digits.x_train[:8]), tf.constant(digits.y_train[:8]))
+            except ValueError as error:
+                errors.append(str(error))
+        result = {{"added": added, "errors": errors, "warnings": [str(w.message) for w in caught]}}
     """)["result"]
-    assert out["added"] == [0, 262_144]
-    assert any("256 KiB" in w and "TF_CPU_ALLOCATOR_USE_BFC=true" in w for w in out["warnings"])
+    if onednn == "1":
+        assert out["added"] == [0, 262_144] and out["errors"] == []
+        assert any("256 KiB" in w and "TF_CPU_ALLOCATOR_USE_BFC=true" in w for w in out["warnings"])
+    else:
+        assert out["added"] == [] and len(out["errors"]) == 2 and out["warnings"] == []
+        tensorflows, ours = out["errors"]
+        assert "Allocator stats not available" in tensorflows
+        assert "device='CPU:0'" in ours and "keeps no memory counts" in ours and "TF_CPU_ALLOCATOR_USE_BFC=true" in ours

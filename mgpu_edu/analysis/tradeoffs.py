@@ -123,16 +123,27 @@ class StepMemory:
 
 
 def _memory_device(device: str | None) -> str:
-    """The device whose allocator :func:`step_memory` reads; warns where it counts only large allocations."""
+    """The device whose allocator :func:`step_memory` reads; says where a CPU's allocator counts too little.
+
+    Without ``TF_CPU_ALLOCATOR_USE_BFC=true`` a CPU's allocator is one of two. Where oneDNN is on (by
+    default on Linux CPUs with AVX-512 VNNI or BF16, AVX-VNNI or AMX; ``TF_ENABLE_ONEDNN_OPTS=1`` turns it
+    on anywhere), it counts allocations of 256 KiB and more only: a warning says so. Elsewhere it keeps no
+    counts at all, and ``get_memory_info`` raises: so does this, saying how to count.
+    """
     tf = quiet.import_tensorflow()
     if device is None:
         device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     if "CPU" in device.upper() and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() not in ("1", "true"):
-        warnings.warn(f"device={device!r}: TensorFlow's default CPU allocator counts only allocations of 256 KiB "
-                      "and more, so small tensors (biases, small gradients) are missing from these readings. Set "
-                      'TF_CPU_ALLOCATOR_USE_BFC=true first thing (os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true", '
-                      "before setup_devices) and restart the kernel to count every allocation, as GPUs do.",
-                      stacklevel=3)
+        fix = ('Set TF_CPU_ALLOCATOR_USE_BFC=true first thing (os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true", '
+               "before setup_devices) and restart the kernel to count every allocation, as GPUs do.")
+        try:
+            tf.config.experimental.get_memory_info(device)
+        except ValueError as error:  # "Allocator stats not available": the plain CPU allocator, oneDNN off
+            raise ValueError(f"device={device!r}: TensorFlow's CPU allocator keeps no memory counts on this "
+                              f"machine (oneDNN is off, so its default allocator is used: {error}). {fix}") from None
+        warnings.warn(f"device={device!r}: TensorFlow's CPU allocator here (oneDNN's) counts only allocations of "
+                      f"256 KiB and more, so small tensors (biases, small gradients) are missing from these "
+                      f"readings. {fix}", stacklevel=3)
     return device
 
 
@@ -143,9 +154,10 @@ def step_memory(model: Any, loss_fn: Callable[[Any, Any], Any], x: Any, y: Any, 
     The step runs eagerly, so each reading is taken at a known point. The allocator hands out
     blocks from a pool it keeps, rounded up, so readings vary by a few percent with what ran
     before in the process. ``device`` is the allocator to read (default: GPU 0 if there is a
-    GPU, else CPU 0). On a CPU, TensorFlow's default allocator counts only allocations of
-    256 KiB and more (a warning says so); ``TF_CPU_ALLOCATOR_USE_BFC=true``, set before
-    TensorFlow starts, switches to the allocator GPUs use, which counts them all. A compiled
+    GPU, else CPU 0). On a CPU, set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before TensorFlow
+    starts: it switches to the allocator GPUs use, which counts every allocation. Without it,
+    the CPU's allocator counts only allocations of 256 KiB and more where oneDNN is on (a
+    warning says so), and nothing elsewhere (an error says so). A compiled
     step (``tf.function``) may order and free its work differently, so its peak differs and
     can change from run to run.
 
