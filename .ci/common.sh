@@ -5,8 +5,9 @@ fresh_venv() {  # fresh_venv PYTHON DIR: a virtual environment (with pip: tests 
   UV="$(.ci/uv)"
   pip_install --upgrade pip
 }
-pip_install() {  # what `pip install` would install, installed by uv (.ci/uv says why)
-  "$UV" pip install --quiet --python "$VENV/bin/python" "$@"
+pip_install() {  # what `pip install` would install, installed by uv (.ci/uv says why), with the .pyc files
+  # written as pip writes them (the Makefile's setup says why)
+  "$UV" pip install --quiet --compile-bytecode --python "$VENV/bin/python" "$@"
 }
 real_pip() {  # pip itself, where what pip does is the thing tested (a learner's %pip install). This machine's pip
   # configuration warns "Location '...' is ignored" for mirror folders it lacks: exactly those lines are dropped.

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import subprocess
+import sys
 import textwrap
 import types
 from pathlib import Path
@@ -178,3 +180,33 @@ def pytest_runtest_setup(item):
 def pytest_runtest_call(item):
     with _refusing_new_processes(item):
         return (yield)
+
+
+# Freeing a MirroredStrategy input iterator can block for about as long as the iterator has lived, on a busy
+# machine: a race in TensorFlow's tf.data autotuning thread (CONTRIBUTING.md). An iterator a test leaves in
+# cyclic garbage (a failed `fit` does) would be freed by Python's collector whenever it next runs, minutes
+# later, inside another test. So the garbage is collected as soon as a test that made one ends.
+_DISTRIBUTED_ITERATORS = {"made": 0, "seen": 0}
+
+
+def _count_distributed_iterators() -> bool:
+    """Count the iterators over several devices made from now on; True the first time it can (TF loaded)."""
+    module = sys.modules.get("tensorflow.python.data.ops.multi_device_iterator_ops")
+    made = getattr(module, "OwnedMultiDeviceIterator", None)
+    if made is None or getattr(made, "_counted_by_conftest", False):
+        return False
+    original = made.__init__
+
+    def counted(self, *args, **kwargs):
+        _DISTRIBUTED_ITERATORS["made"] += 1
+        return original(self, *args, **kwargs)
+
+    made.__init__, made._counted_by_conftest = counted, True
+    return True
+
+
+def pytest_runtest_teardown(item, nextitem):
+    first_time = _count_distributed_iterators()  # TensorFlow loaded during this test: it may have made some
+    if first_time or _DISTRIBUTED_ITERATORS["made"] != _DISTRIBUTED_ITERATORS["seen"]:
+        _DISTRIBUTED_ITERATORS["seen"] = _DISTRIBUTED_ITERATORS["made"]
+        gc.collect()
