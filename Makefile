@@ -70,7 +70,13 @@ test-side: setup chromium
 # its solutions run in its student version. Everything runs with the network blocked (see conftest.py).
 test-main: lint chromium
 	@date +'== main environment: tests (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests --durations=20 $(addprefix --ignore ,$(SIDE_TRACK))
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests $(IN_PARALLEL) --durations=20 \
+		$(addprefix --ignore ,$(SIDE_TRACK))
+# make test-main and make check run their tests in two processes (pytest-xdist), a test file at a time in
+# each, the longest files first (tests/conftest.py): most tests wait on one core for a fresh TensorFlow
+# process or a kernel, so one pytest process alone would leave the other core idle.
+WORKERS ?= 2
+IN_PARALLEL = -n $(WORKERS) --dist loadfile
 
 # The main environment's tests that make test runs on its third track (test-side), beside the other two:
 # the browser tests (JupyterLab in headless Chromium, driving every widget the lessons show) and the example
@@ -88,7 +94,7 @@ BASE ?= main
 check: lint
 	@lessons=$$(.ci/changed-lessons $(BASE)) || exit 2; \
 	echo "Lessons changed since the merge base with $(BASE): $${lessons:-none}"; \
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests -m "not lessons and not slow" $$lessons
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests $(IN_PARALLEL) -m "not lessons and not slow" $$lessons
 
 # Every lesson under nbval while other processes keep all the cores busy in bursts, as on a shared host
 # (benchmarks/bursty_load.py): no lesson may fail because the machine is slow. CI runs the Colab-like

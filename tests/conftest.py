@@ -210,3 +210,18 @@ def pytest_runtest_teardown(item, nextitem):
     if first_time or _DISTRIBUTED_ITERATORS["made"] != _DISTRIBUTED_ITERATORS["seen"]:
         _DISTRIBUTED_ITERATORS["seen"] = _DISTRIBUTED_ITERATORS["made"]
         gc.collect()
+
+
+# The test files that take longest, first: make test-main and make check hand whole files to two processes
+# (pytest-xdist, --dist loadfile) in this order, so a long file started last can't leave one process
+# running alone at the end. nbgrader's round trip runs every student version (minutes); the website is built
+# twice and opened in Chromium.
+LONGEST_FIRST = ("tests/test_nbgrader.py", "tests/test_site.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: every other test keeps its order
