@@ -152,16 +152,19 @@ def test_recomputation_measured_with_tensorflows_allocator():
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("onednn", ["1", "0"])
-def test_step_memory_on_a_cpu_without_bfc_says_what_the_allocator_misses(onednn):
-    """Without TF_CPU_ALLOCATOR_USE_BFC, TensorFlow 2.21's CPU allocator depends on oneDNN (on by default on
-    Linux CPUs with AVX-512 VNNI or BF16, AVX-VNNI or AMX; TF_ENABLE_ONEDNN_OPTS sets it either way). With
-    oneDNN, its allocator counts allocations of 256 KiB and up only: a 64 KiB tensor adds nothing, a 256 KiB
-    one 262,144 bytes, and step_memory warns how to count everything. Without, the allocator keeps no
-    counts: get_memory_info raises, and so does step_memory, saying how to count."""
+@pytest.mark.parametrize("onednn, bfc", [("1", False), ("0", False), ("0", True)])
+def test_step_memory_on_a_cpu_says_what_the_allocator_misses(onednn, bfc):
+    """What TensorFlow 2.21's CPU allocator counts depends on how TensorFlow started. Without
+    TF_CPU_ALLOCATOR_USE_BFC, on oneDNN (on by default on Linux x86 CPUs with AVX-512 VNNI or BF16, AVX-VNNI or
+    AMX; TF_ENABLE_ONEDNN_OPTS sets it either way): allocations of 256 KiB and up only, so a 64 KiB tensor adds
+    nothing and a 256 KiB one 262,144 bytes, and step_memory warns how to count everything. Without oneDNN: no
+    counts, get_memory_info raises, and so does step_memory, saying how to count. With the variable: every
+    allocation, and no warning. A device TensorFlow doesn't know gets TensorFlow's own error."""
     out = run_fresh(f"""
         import os, warnings
         os.environ.pop("TF_CPU_ALLOCATOR_USE_BFC", None)
+        if {bfc}:
+            os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "{onednn}"
         from mgpu_edu import data, devices, models, tradeoffs
         devices.setup_devices(2, verbose=False)
@@ -183,9 +186,17 @@ def test_step_memory_on_a_cpu_without_bfc_says_what_the_allocator_misses(onednn)
                                       tf.constant(digits.x_train[:8]), tf.constant(digits.y_train[:8]))
             except ValueError as error:
                 errors.append(str(error))
-        result = {{"added": added, "errors": errors, "warnings": [str(w.message) for w in caught]}}
+        try:
+            tradeoffs.step_memory(None, None, None, None, device="CPU:7")
+        except ValueError as error:
+            unknown = str(error)
+        result = {{"added": added, "errors": errors, "warnings": [str(w.message) for w in caught],
+                   "unknown": unknown}}
     """)["result"]
-    if onednn == "1":
+    assert "CPU:7" in out["unknown"] and "keeps no memory counts" not in out["unknown"]
+    if bfc:
+        assert out["added"] == [65_536, 262_144] and out["errors"] == [] and out["warnings"] == []
+    elif onednn == "1":
         assert out["added"] == [0, 262_144] and out["errors"] == []
         assert any("256 KiB" in w and "TF_CPU_ALLOCATOR_USE_BFC=true" in w for w in out["warnings"])
     else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -125,22 +124,35 @@ class StepMemory:
 def _memory_device(device: str | None) -> str:
     """The device whose allocator :func:`step_memory` reads; says where a CPU's allocator counts too little.
 
-    Without ``TF_CPU_ALLOCATOR_USE_BFC=true`` a CPU's allocator is one of two. Where oneDNN is on (by
-    default on Linux CPUs with AVX-512 VNNI or BF16, AVX-VNNI or AMX; ``TF_ENABLE_ONEDNN_OPTS=1`` turns it
-    on anywhere), it counts allocations of 256 KiB and more only: a warning says so. Elsewhere it keeps no
-    counts at all, and ``get_memory_info`` raises: so does this, saying how to count.
+    It asks the allocator itself, since what it counts depends on how TensorFlow started. With
+    ``TF_CPU_ALLOCATOR_USE_BFC=true`` set before, a CPU uses the allocator GPUs use, which counts every
+    allocation (a 4-byte tensor as 256 bytes). Without it, where oneDNN is on (by default on Linux x86 CPUs
+    with AVX-512 VNNI or BF16, AVX-VNNI or AMX, and on Arm Neoverse V1; ``TF_ENABLE_ONEDNN_OPTS`` changes it
+    in builds that include oneDNN), it counts allocations of 256 KiB and more only, and a 4-byte tensor as
+    nothing: a warning says so. Without oneDNN it keeps no counts, and ``get_memory_info`` raises: so does
+    this, saying how to count.
     """
     tf = quiet.import_tensorflow()
     if device is None:
         device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
-    if "CPU" in device.upper() and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() not in ("1", "true"):
-        fix = ('Set TF_CPU_ALLOCATOR_USE_BFC=true first thing (os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true", '
-               "before setup_devices) and restart the kernel to count every allocation, as GPUs do.")
-        try:
-            tf.config.experimental.get_memory_info(device)
-        except ValueError as error:  # "Allocator stats not available": the plain CPU allocator, oneDNN off
-            raise ValueError(f"device={device!r}: TensorFlow's CPU allocator keeps no memory counts on this "
-                              f"machine (oneDNN is off, so its default allocator is used: {error}). {fix}") from None
+    if "CPU" not in device.upper():
+        return device
+    fix = ('Set TF_CPU_ALLOCATOR_USE_BFC=true first thing (os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true", '
+           "before setup_devices) and restart the kernel to count every allocation, as GPUs do.")
+    info = tf.config.experimental.get_memory_info
+    try:
+        before = info(device)["current"]
+    except ValueError as error:
+        if "Allocator stats not available" not in str(error):
+            raise  # not this: a device TensorFlow doesn't know, say
+        raise ValueError(f"device={device!r}: TensorFlow's CPU allocator keeps no memory counts here (oneDNN "
+                         f"is off and TF_CPU_ALLOCATOR_USE_BFC was not set before TensorFlow started: "
+                         f"{error}). {fix}") from None
+    with tf.device(device):
+        probe = tf.ones((1,))  # 4 bytes: counted as 256 by the allocator GPUs use, as 0 by oneDNN's
+    counted = info(device)["current"] - before
+    del probe
+    if counted == 0:
         warnings.warn(f"device={device!r}: TensorFlow's CPU allocator here (oneDNN's) counts only allocations of "
                       f"256 KiB and more, so small tensors (biases, small gradients) are missing from these "
                       f"readings. {fix}", stacklevel=3)
