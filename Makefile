@@ -73,8 +73,8 @@ test-main: lint chromium
 	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests $(IN_PARALLEL) --durations=20 \
 		$(addprefix --ignore ,$(SIDE_TRACK))
 # make test-main and make check run their tests in two processes (pytest-xdist), a test file at a time in
-# each, the longest files first (tests/conftest.py): most tests wait on one core for a fresh TensorFlow
-# process or a kernel, so one pytest process alone would leave the other core idle.
+# each, the longest files first (tests/conftest.py): with one process, the main track ran alone on one core
+# for its last 7 minutes once the other tracks had ended (CONTRIBUTING.md).
 WORKERS ?= 2
 IN_PARALLEL = -n $(WORKERS) --dist loadfile
 
