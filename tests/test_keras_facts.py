@@ -6,6 +6,7 @@ devices of this process (see conftest.four_devices) and checks the claim, not ou
 
 from __future__ import annotations
 
+import gc
 import math
 
 import numpy as np
@@ -240,6 +241,7 @@ def test_backup_and_restore_with_save_freq_records_the_batch_but_restarts_the_ep
     with pytest.raises(RuntimeError, match="simulated failure"):
         model().fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
                     callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=3), first])
+    gc.collect()  # free the failed fit's iterator while it is young (lesson 04; CONTRIBUTING.md: the stall)
     metadata = json.loads((backup / "training_metadata.json").read_text())
     assert metadata["epoch"] == 1 and metadata["batch"] > 0  # a backup taken during epoch 1, after batch 0
     resumed = model()
@@ -285,6 +287,7 @@ def test_backup_and_restore_with_save_freq_records_epoch_0_after_a_restart(four_
                       callbacks=[keras.callbacks.BackupAndRestore(str(backup), save_freq=3), epochs])
         except RuntimeError:
             pass
+        gc.collect()  # free the failed fit's iterator while it is young (lesson 04)
         begun.append(epochs.seen)
         if crash_at == (2, 6):
             assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 0

@@ -6,6 +6,7 @@ a batch splits and how ``fit`` scales a step is compared with a real run beside 
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
@@ -138,6 +139,62 @@ def test_oracle_fit_weights_unequal_shares_as_fit_example_weights_says(four_devi
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_oracle_a_failed_fit_leaves_its_input_iterator_to_the_garbage_collector(four_devices):
+    """Lessons 04, 08 and 11 collect the garbage right after a fit that raised: Keras 3 leaves that fit's
+    distributed input iterator alive in a reference cycle once the except block has ended (an error kept in
+    a variable keeps it alive even then), and only the garbage collector frees it; a fit that fails in its
+    validation also leaves the validation iterator on the model. A fit that ends normally frees its
+    iterators at once. (Freeing an old one can stall: CONTRIBUTING.md.)"""
+    import keras
+    import tensorflow as tf
+    from tensorflow.python.distribute import input_lib
+
+    def alive():
+        return sum(isinstance(o, input_lib.DistributedIterator) for o in gc.get_objects())
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("simulated failure")
+
+    x, y = _xy(64)
+    strategy = strategies.make_strategy(four_devices)
+    with strategy.scope():
+        model = _linear()
+        model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    gc.collect()
+    gc.disable()  # no automatic collection in between: what is left is what reference counting leaves
+    try:
+        before = alive()
+        model.fit(x, y, batch_size=16, epochs=2, verbose=0)  # ends normally
+        assert alive() == before
+        try:
+            model.fit(x[:60], y[:60], batch_size=30, epochs=1, verbose=0)  # lesson 04: fails in AddN
+        except tf.errors.InvalidArgumentError:
+            pass
+        assert alive() == before + 1
+        try:
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[Crash()])  # lesson 11: a crash
+        except RuntimeError as error:
+            kept = error
+        assert alive() == before + 2
+        gc.collect()
+        assert alive() == before + 1  # the kept error still holds its fit's iterator (lesson 08 keeps the text)
+        del kept
+        gc.collect()
+        assert alive() == before
+        try:  # lesson 04: a first validation batch that splits unevenly fails after the epoch has trained
+            model.fit(x, y, batch_size=64, epochs=1, verbose=0, validation_data=(x[:30], y[:30]))
+        except tf.errors.InvalidArgumentError:
+            pass
+        gc.collect()
+        assert alive() == before + 1 and model._eval_epoch_iterator is not None  # Keras keeps it on the model
+        del model
+        gc.collect()
+        assert alive() == before  # so lesson 04 gives each attempt a model of its own and deletes it
+    finally:
+        gc.enable()
+
+
 def test_oracle_fit_fails_when_its_first_batch_splits_unevenly(four_devices):
     """What BatchPlan.fit_error predicts: fit on 30 examples a batch over 4 replicas fails in AddN."""
     import keras
@@ -151,6 +208,7 @@ def test_oracle_fit_fails_when_its_first_batch_splits_unevenly(four_devices):
         model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(30), epochs=1, verbose=0)
+    gc.collect()  # free the failed fit's iterator while it is young (lesson 04)
     with pytest.raises(ValueError, match="Choose a multiple of 4"):
         mirrored.train_mirrored(lambda: models.small_cnn((8, 8, 1), 10), _small_split(), replicas=4,
                                 global_batch=30, devices=four_devices)
@@ -447,4 +505,5 @@ def test_oracle_fit_fails_when_the_first_validation_batch_splits_unevenly(four_d
         model.fit(x, y, batch_size=64, epochs=1, verbose=0, validation_data=(x[:30], y[:30]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
         model.fit(x[:60], y[:60], batch_size=30, epochs=1, verbose=0)
+    gc.collect()  # frees both failed fits' iterators (the validation one stayed on the model until this fit began)
     assert model.predict(x[:30], batch_size=30, verbose=0).shape == (30, 3)
