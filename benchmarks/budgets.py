@@ -19,8 +19,11 @@ fresh kernel (nbval starts one per notebook). A lesson's time is the summed dura
 (benchmarks/lesson_timing.py, a pytest plugin), its kernel's start and stop included; the whole
 suite's is the process's wall time, which adds pytest's own start once (importing nbformat alone
 takes about 2 s). While it runs, the process tree is sampled with psutil: a lesson's kernel peak
-is the largest resident size seen for an ipykernel process (every 50 ms) while that lesson ran,
-and "all processes" is the largest sum (every second), over every process the run started
+is the peak resident size of the ipykernel process the sampler first saw while that lesson ran (on
+Linux, the system's record of the process's peak, VmHWM, read every 0.25 s, so a brief spike between
+readings counts too, though not one in the last 0.25 s before the kernel exits; elsewhere the resident
+size at each reading), and "all processes" is the largest sum (every second), over every process the
+run started
 (pytest, kernel, and any subprocess a lesson starts), of their proportional set sizes (PSS, from
 /proc/PID/smaps_rollup on Linux; RSS elsewhere). PSS counts the pages processes share once between
 them: every TensorFlow process maps the same ~430 MB of libraries, which a sum of RSS would count
@@ -73,30 +76,52 @@ def _pss_mb(pid: int, rss_mb: float) -> float:
     return rss_mb
 
 
-def _sample(proc: psutil.Process, stop: threading.Event, samples: list[tuple[float, float, float | None]]) -> None:
-    """Every 50 ms the largest RSS of any kernel (cheap); every second the summed PSS of every
-    process (about 15 ms per TensorFlow process, and it briefly locks the process's memory map, so
-    more often slows the lesson). Each sample is (wall time, kernel MB, all processes MB or None)."""
-    tick = 0
+def _peak_rss_mb(proc: psutil.Process) -> float:
+    """The process's peak resident size so far, in MB: on Linux the system's record of it (VmHWM in
+    /proc/PID/status), so a spike between two readings still counts; elsewhere its resident size now."""
+    try:
+        with open(f"/proc/{proc.pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return proc.memory_info().rss / 2**20
+
+
+def _sample(proc: psutil.Process, stop: threading.Event, kernels: dict[tuple[int, float], list[float]],
+            totals: list[tuple[float, float]]) -> None:
+    """Every 0.25 s, each kernel's peak resident size so far (``kernels``: (pid, start time) -> [when first
+    seen, peak MB]: a pid can be reused by a later process); every second the summed PSS of every process
+    (``totals``: (wall time, MB); about 15 ms per TensorFlow process, and it briefly locks the process's
+    memory map, so more often slows the lesson). Listing the processes reads every process's /proc entry:
+    20 times a second, as this once sampled, that cost a few per cent of a core for the whole run. A
+    process's command line is read until it names ipykernel: just after its fork, a kernel still shows
+    the command line of the process that started it."""
+    tick, is_kernel = 0, {}
     while not stop.is_set():
         try:
             family = [proc, *proc.children(recursive=True)]
         except psutil.NoSuchProcess:
             break
-        with_pss = tick % 20 == 0
-        total, kernel = 0.0, 0.0
+        with_pss = tick % 4 == 0
+        total, now = 0.0, time.time()
         for p in family:
             try:
-                rss = p.memory_info().rss / 2**20
+                key = (p.pid, p.create_time())
+                if not is_kernel.get(key):
+                    is_kernel[key] = any("ipykernel" in part for part in p.cmdline())
+                if is_kernel[key]:
+                    seen = kernels.setdefault(key, [now, 0.0])
+                    seen[1] = max(seen[1], _peak_rss_mb(p))
                 if with_pss:
-                    total += _pss_mb(p.pid, rss)
-                if any("ipykernel" in part for part in p.cmdline()):
-                    kernel = max(kernel, rss)
+                    total += _pss_mb(p.pid, p.memory_info().rss / 2**20)
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-        samples.append((time.time(), kernel, total if with_pss else None))
+        if with_pss:
+            totals.append((now, total))
         tick += 1
-        stop.wait(0.05)
+        stop.wait(0.25)
 
 
 def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float, int]:
@@ -105,8 +130,9 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float,
 
     A lesson's time is the summed duration of its cells' setup, call and teardown (benchmarks/
     lesson_timing.py), its kernel's start and stop included; the whole run adds pytest's own start
-    (importing nbval and nbformat), paid once. Memory samples are told apart by when they were
-    taken: between a lesson's first cell starting and its last one ending. With ``busy``, other
+    (importing nbval and nbformat), paid once. Memory readings are told apart by when they were
+    taken, between a lesson's first cell starting and its last one ending: a kernel counts for the lesson
+    that was running when the sampler first saw it. With ``busy``, other
     processes keep the cores busy in bursts meanwhile (bursty_load.py): times then say how much slower
     a lesson runs on a shared machine, and whether it still passes."""
     timing = ROOT / "build" / "budgets" / "lesson-timing.json"
@@ -118,11 +144,12 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float,
         command = [sys.executable, str(ROOT / "benchmarks" / "bursty_load.py"), "--", *command]
     env = {**os.environ, "MGPU_EDU_TIMING_FILE": str(timing),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))}
-    samples: list[tuple[float, float, float | None]] = []
+    kernels: dict[tuple[int, float], list[float]] = {}
+    totals: list[tuple[float, float]] = []
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(psutil.Process(proc.pid), stop, samples), daemon=True)
+    sampler = threading.Thread(target=_sample, args=(psutil.Process(proc.pid), stop, kernels, totals), daemon=True)
     sampler.start()
     lines = []
     for line in proc.stdout:  # as it comes, so a long run shows its progress
@@ -143,10 +170,12 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float,
             rows.append({"lesson": path.name, "seconds": 0.0, "kernel_mb": 0, "tree_mb": 0, "passed": False,
                          "summary": "not run"})
             continue
-        inside = [s for s in samples if span["start"] <= s[0] <= span["end"]]
+        start, end = span["start"], span["end"]
+        # a kernel is the lesson's that was running when it was first seen (nbval starts one per notebook)
+        kernel = max((peak for first, peak in kernels.values() if start <= first <= end), default=0.0)
         rows.append({"lesson": path.name, "seconds": round(sum(span["cells"].values()), 1),
-                     "kernel_mb": round(max((s[1] for s in inside), default=0.0)),
-                     "tree_mb": round(max((s[2] for s in inside if s[2] is not None), default=0.0)),
+                     "kernel_mb": round(kernel),
+                     "tree_mb": round(max((mb for when, mb in totals if start <= when <= end), default=0.0)),
                      "passed": span["failed"] == 0 and span["passed"] > 0,
                      "summary": f"{span['passed']} passed, {span['failed']} failed",
                      "slowest": [(cell, round(s, 1)) for cell, s in

@@ -54,7 +54,9 @@ errors = {}
 for name, call in {"axis": lambda: L("data", None), "twice": lambda: L("model", "model"),
                    "uneven": lambda: meshes.put(np.ones((6, 4), np.float32), L("model", None)),
                    "rank": lambda: meshes.put(np.ones((8, 4), np.float32), L("model")),
-                   "plain": lambda: meshes.compiled_collectives(tf.matmul, tf.ones((2, 2)), tf.ones((2, 2)))}.items():
+                   "plain": lambda: meshes.compiled_collectives(tf.matmul, tf.ones((2, 2)), tf.ones((2, 2))),
+                   "python_if": lambda: meshes.compiled_collectives(lambda t: t * 2 if tf.reduce_sum(t) > 0 else t,
+                                                                    meshes.put(big, L(None, None)))}.items():
     try:
         call()
         errors[name] = "no error"
@@ -324,6 +326,8 @@ def test_bad_layouts_and_inputs_get_clear_errors(dtensor_run):
     assert "6 doesn't divide into 4 equal parts" in errors["uneven"]
     assert "needs a layout of rank 2" in errors["rank"]
     assert errors["plain"].startswith("RuntimeError") and "must be DTensors" in errors["plain"]
+    # traced without AutoGraph (the docstring says why): a Python `if` on a tensor's value is refused
+    assert errors["python_if"].startswith("OperatorNotAllowedInGraphError"), errors["python_if"]
 
 
 def test_make_mesh_checks_its_axes_before_tensorflow():

@@ -305,7 +305,14 @@ def compiled_collectives(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> C
     """Compile and run ``fn(*args)`` as a new ``tf.function`` on DTensors; return what DTensor inserted.
 
     ``fn`` may be a plain Python function or a ``tf.function`` (its Python function is traced afresh, so
-    DTensor compiles it again and writes its program). Needs :func:`record_collectives` first.
+    DTensor compiles it again and writes its program; the ``tf.function``'s own options, AutoGraph
+    included, are not kept). Needs :func:`record_collectives` first. It is traced without AutoGraph, the
+    part of ``tf.function`` that turns Python control flow on tensors into graph ops: ``fn``'s Python runs
+    as written while TensorFlow traces it. A loop over a Python ``range`` unrolls (as it would with
+    AutoGraph); an ``if`` or ``while`` on a tensor's value, or a ``for`` over a tensor (``tf.range``
+    included), raises ``OperatorNotAllowedInGraphError`` (write ``tf.cond`` or ``tf.while_loop``). The
+    course's programs have none, and AutoGraph's rewrite of the course's functions that ``fn`` calls only
+    added tracing time.
 
     Example:
         >>> run = compiled_collectives(lambda x: dtensor.relayout(x, replicated), x)  # doctest: +SKIP
@@ -316,7 +323,7 @@ def compiled_collectives(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> C
     folder = _folder()
     before = set(folder.iterdir())
     python_fn = getattr(fn, "python_function", fn)
-    function = tf.function(python_fn)
+    function = tf.function(python_fn, autograph=False)  # no AutoGraph rewrite: the docstring says why
     result = function(*args, **kwargs)
     new = sorted(set(folder.iterdir()) - before)
     passes = {name: [p for p in new if f".after_{name}." in p.name] for name in (LOGICAL_PASS, PHYSICAL_PASS)}
