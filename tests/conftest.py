@@ -212,12 +212,11 @@ def pytest_runtest_teardown(item, nextitem):
         gc.collect()
 
 
-# The test files that take longest, first: make test-main, make check and the Python 3.10 job hand whole files
-# to two processes (pytest-xdist, --dist loadfile) in this order, so a long file started last can't leave one
-# process running alone at the end. nbgrader's round trip runs every student version (minutes); the website is
-# built twice and opened in Chromium; the meshes' 8-device processes and the MirroredStrategy oracles take about
-# a minute of CPU each (the most of any file the Python 3.10 job runs).
-LONGEST_FIRST = ("tests/test_nbgrader.py", "tests/test_site.py", "tests/test_meshes.py", "tests/test_mirrored.py")
+# The test files that take longest, first: make test-main and make check hand whole files to two processes
+# (pytest-xdist, --dist loadfile) in this order, so a long file started last can't leave one process
+# running alone at the end. nbgrader's round trip runs every student version (minutes); the website is built
+# twice and opened in Chromium.
+LONGEST_FIRST = ("tests/test_nbgrader.py", "tests/test_site.py")
 
 
 def pytest_collection_modifyitems(config, items):
