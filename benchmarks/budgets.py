@@ -170,12 +170,12 @@ def run_suite(paths: list[Path], busy: bool = False) -> tuple[list[dict], float,
             rows.append({"lesson": path.name, "seconds": 0.0, "kernel_mb": 0, "tree_mb": 0, "passed": False,
                          "summary": "not run"})
             continue
-        start, end = span["start"], span["end"]
+        began, ended = span["start"], span["end"]
         # a kernel is the lesson's that was running when it was first seen (nbval starts one per notebook)
-        kernel = max((peak for first, peak in kernels.values() if start <= first <= end), default=0.0)
+        kernel = max((peak for first, peak in kernels.values() if began <= first <= ended), default=0.0)
         rows.append({"lesson": path.name, "seconds": round(sum(span["cells"].values()), 1),
                      "kernel_mb": round(kernel),
-                     "tree_mb": round(max((mb for when, mb in totals if start <= when <= end), default=0.0)),
+                     "tree_mb": round(max((mb for when, mb in totals if began <= when <= ended), default=0.0)),
                      "passed": span["failed"] == 0 and span["passed"] > 0,
                      "summary": f"{span['passed']} passed, {span['failed']} failed",
                      "slowest": [(cell, round(s, 1)) for cell, s in
