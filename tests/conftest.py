@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.util
 import json
 import os
 import subprocess
@@ -111,6 +112,15 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(devices, "_ACTIVE_CALL", "")
     yield install
     env.detect_environment.cache_clear()
+
+
+def budgets_script() -> types.ModuleType:
+    """benchmarks/budgets.py (a script, not part of the package), loaded as a module for the tests that check it."""
+    spec = importlib.util.spec_from_file_location("budgets", Path(__file__).resolve().parents[1] / "benchmarks"
+                                                  / "budgets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_fresh(code: str, timeout: float = 180) -> dict:

@@ -3,7 +3,6 @@ held to."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,14 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _budgets():
-    spec = importlib.util.spec_from_file_location("budgets", ROOT / "benchmarks" / "budgets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import budgets_script
 
 
 @pytest.mark.light  # starts a plain Python process (no TensorFlow) that stands in for a kernel
@@ -30,7 +22,7 @@ def test_a_kernels_peak_counts_though_no_reading_falls_inside_it():
     """A process named like a kernel fills 300 MB, frees it at once, says so, and idles until told to exit: the
     readings taken after the spike (every 0.25 s) see it, because the peak is read from the kernel's
     high-water mark, not from the resident size at the moment of reading (about 10 MB by then)."""
-    budgets = _budgets()
+    budgets = budgets_script()
     spike = ("import sys; block = b'x' * (300 * 2**20); del block; print('freed', flush=True); "
              "sys.stdin.read()")
     stop, kernels, totals = threading.Event(), {}, []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -10,18 +9,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import budgets_script
 from mgpu_edu import assignments, course
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 COURSE = course.load(LESSONS)
-
-
-def _budgets():
-    spec = importlib.util.spec_from_file_location("budgets", ROOT / "benchmarks" / "budgets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_manifest_lists_exactly_the_lesson_notebooks():
@@ -164,7 +157,7 @@ def test_adding_a_lesson_is_one_notebook_and_one_manifest_entry(tmp_path):
     written = assignments.write_student_versions(lessons, tmp_path / "student")
     assert tmp_path / "student" / new_file in written and (tmp_path / "student" / course.MANIFEST).exists()
     # the budget script lists it
-    assert _budgets().lesson_paths(root)[-1] == lessons / new_file
+    assert budgets_script().lesson_paths(root)[-1] == lessons / new_file
     # the guide's table lists it
-    table = _budgets().guide_table(extended, [{"lesson": new_file, "seconds": 1.0}], "today")
+    table = budgets_script().guide_table(extended, [{"lesson": new_file, "seconds": 1.0}], "today")
     assert f"| {number} | {title} | 20 min | 1.0 s |" in table

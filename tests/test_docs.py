@@ -4,7 +4,6 @@ script checks budgets against their limits; these tests check that derived text 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -14,17 +13,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from conftest import budgets_script
 from mgpu_edu import course
 
 ROOT = Path(__file__).resolve().parents[1]
 COURSE = course.load(ROOT / "lessons")
-
-
-def _budgets():
-    spec = importlib.util.spec_from_file_location("budgets", ROOT / "benchmarks" / "budgets.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _block(text: str, start: str, end: str) -> str:
@@ -62,7 +55,7 @@ def test_no_file_points_outside_the_repository_for_its_conventions():
 
 
 def test_guide_time_table_is_generated_from_the_manifest_and_the_committed_results():
-    budgets = _budgets()
+    budgets = budgets_script()
     rows = json.loads((ROOT / "benchmarks" / "results.json").read_text())["lessons"]
     when = re.search(r"Measured (.*)\.\n", (ROOT / "benchmarks" / "results.md").read_text()).group(1)
     guide = (ROOT / "docs" / "instructors.md").read_text(encoding="utf-8")
@@ -90,7 +83,7 @@ def test_no_lesson_count_or_range_is_written_by_hand():
 
 def test_budget_script_renders_every_lesson_and_the_total():
     rows = [{"lesson": lesson.file, "seconds": 1.0 + i / 10} for i, lesson in enumerate(COURSE.lessons)]
-    table = _budgets().guide_table(COURSE, rows, "today")
+    table = budgets_script().guide_table(COURSE, rows, "today")
     for i, lesson in enumerate(COURSE.lessons):
         assert f"| {lesson.number} | {lesson.title} | {lesson.minutes} min | {1.0 + i / 10:.1f} s |" in table
     assert f"**{sum(r['seconds'] for r in rows):.1f} s**" in table
@@ -98,7 +91,7 @@ def test_budget_script_renders_every_lesson_and_the_total():
 
 def test_budget_script_refuses_a_guide_without_markers():
     with pytest.raises(ValueError, match="markers"):
-        _budgets().replace_block("no markers here", "<!-- a -->", "<!-- b -->", "x")
+        budgets_script().replace_block("no markers here", "<!-- a -->", "<!-- b -->", "x")
 
 
 def _package_namespace() -> dict:
