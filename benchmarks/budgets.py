@@ -64,25 +64,15 @@ HOST_REFERENCE = "import tensorflow, keras"
 TIMES_START, TIMES_END = "<!-- lesson-times:start -->", "<!-- lesson-times:end -->"
 
 
-def _pss_mb(pid: int, rss_mb: float) -> float:
-    """The process's proportional set size in MB (Linux), or rss_mb where the kernel doesn't report it."""
+def _proc_mb(proc: psutil.Process, file: str, field: str) -> float:
+    """A memory figure Linux reports for the process, in MB: the ``field:`` line (in kB) of /proc/PID/<file>.
+    ``("status", "VmHWM")`` is its peak resident size so far (the system's record of it, so a spike between
+    two readings still counts); ``("smaps_rollup", "Pss")`` its proportional set size. Where there is no
+    such line (another system), its resident size now."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
-            for line in rollup:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return rss_mb
-
-
-def _peak_rss_mb(proc: psutil.Process) -> float:
-    """The process's peak resident size so far, in MB: on Linux the system's record of it (VmHWM in
-    /proc/PID/status), so a spike between two readings still counts; elsewhere its resident size now."""
-    try:
-        with open(f"/proc/{proc.pid}/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
+        with open(f"/proc/{proc.pid}/{file}", encoding="ascii") as lines:
+            for line in lines:
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -113,9 +103,9 @@ def _sample(proc: psutil.Process, stop: threading.Event, kernels: dict[tuple[int
                     is_kernel[key] = any("ipykernel" in part for part in p.cmdline())
                 if is_kernel[key]:
                     seen = kernels.setdefault(key, [now, 0.0])
-                    seen[1] = max(seen[1], _peak_rss_mb(p))
+                    seen[1] = max(seen[1], _proc_mb(p, "status", "VmHWM"))
                 if with_pss:
-                    total += _pss_mb(p.pid, p.memory_info().rss / 2**20)
+                    total += _proc_mb(p, "smaps_rollup", "Pss")
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         if with_pss:
