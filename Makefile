@@ -4,6 +4,11 @@
 #   make lab FLAVOUR=gpu   on a Linux machine with an NVIDIA GPU (TensorFlow with CUDA), in ./.venv-gpu:
 #   a flavour of its own, so the CUDA build never lands on top of tensorflow-cpu in the same environment
 PYTHON  ?= python3
+# Python writes each module's .pyc the first time a process imports it, and every later process reuses it,
+# even where PYTHONDONTWRITEBYTECODE is set (as on this machine and CI): without the .pyc files every process
+# would compile TensorFlow and Keras again (12 s, not 4). Only what is imported gets compiled, not all of
+# TensorFlow at install (uv's --compile-bytecode, as pip does it): CONTRIBUTING.md has the numbers.
+unexport PYTHONDONTWRITEBYTECODE
 FLAVOUR ?= cpu
 VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
@@ -16,10 +21,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# uv installs the environment in seconds where pip takes a minute (.ci/uv); pip stays in it for you.
-	@# --compile-bytecode: write the .pyc files at install, as pip does (uv doesn't by default). Without them, where
-	@# PYTHONDONTWRITEBYTECODE is set (as on CI machines) every process compiles TensorFlow again: 12 s, not 4.
+	@# --override: leave out what .ci/uv-overrides.txt names (a package that only slows every Jupyter tool's start).
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
-	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e ".[$(FLAVOUR),dev]"
+	$(BIN)/uv pip install --quiet --override .ci/uv-overrides.txt --python $(BIN)/python -e ".[$(FLAVOUR),dev]"
 	@# nbgrader is here for tests/test_nbgrader.py: keep its menus out of the JupyterLab that make lab opens
 	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
 	for part in formgrader validate_assignment assignment_list course_list; do \

@@ -1,13 +1,16 @@
 # Sourced by the .ci/env-* scripts: make a fresh virtual environment and install into it quietly, with uv.
+# Each module's .pyc is written the first time a process imports it (the Makefile says why), also where
+# PYTHONDONTWRITEBYTECODE is set.
+unset PYTHONDONTWRITEBYTECODE
 fresh_venv() {  # fresh_venv PYTHON DIR: a virtual environment (with pip: tests and learners use it), pip upgraded
   "$1" -m venv --clear "$2"
   VENV="$2"
   UV="$(.ci/uv)"
   pip_install --upgrade pip
 }
-pip_install() {  # what `pip install` would install, installed by uv (.ci/uv says why), with the .pyc files
-  # written as pip writes them (the Makefile's setup says why)
-  "$UV" pip install --quiet --compile-bytecode --python "$VENV/bin/python" "$@"
+pip_install() {  # what `pip install` would install, installed by uv (.ci/uv says why), less what
+  # .ci/uv-overrides.txt leaves out; the .pyc files are written as modules are first imported (above)
+  "$UV" pip install --quiet --override .ci/uv-overrides.txt --python "$VENV/bin/python" "$@"
 }
 real_pip() {  # pip itself, where what pip does is the thing tested (a learner's %pip install). This machine's pip
   # configuration warns "Location '...' is ignored" for mirror folders it lacks: exactly those lines are dropped.

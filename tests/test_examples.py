@@ -1,11 +1,16 @@
-"""The worker scripts in examples/, run for real with LocalCluster, as lesson 09 runs them.
+"""The worker scripts in examples/, run for real with LocalCluster, as lessons 09 and 11 run them.
 
-They check what lessons 09 and 11 say TensorFlow and Keras do: Keras 3 fit fails under
+They check what lessons 09 and 11 say TensorFlow and Keras do, beyond what the lessons' own cells
+assert: parameter-server steps survive a lost worker (not a lost parameter server), a run whose
+worker is killed resumes from its last checkpoint to the weights of a run never interrupted, the
+surviving worker fails by itself with UnavailableError, a stall no peer would wait for is refused,
+and a stuck worker goes unnoticed where a silent one is caught by the heartbeats.
+
+Lesson 09 runs the two plain runs and asserts what they show, three times per make test (Colab-like,
+Binder-like, student version), so they are not run again here: Keras 3 fit fails under
 MultiWorkerMirroredStrategy (keras-team/keras#20585) and under ParameterServerStrategy, the custom
-loop keeps every worker's weights identical, parameter-server steps finish out of order with
-stale gradients and survive a lost worker (not a lost parameter server), and a run whose worker
-is killed resumes from its last checkpoint to the weights
-of a run never interrupted, and the surviving worker fails by itself with UnavailableError.
+loop keeps every worker's weights identical, and parameter-server steps finish out of order with
+stale gradients, each once.
 """
 
 from __future__ import annotations
@@ -25,29 +30,6 @@ from mgpu_edu import cluster, course
 pytestmark = pytest.mark.slow  # clusters of TensorFlow processes: make test runs them, make check doesn't
 
 EXAMPLES = course.shipped_folder("examples")
-
-
-def test_multi_worker_custom_loop_agrees_and_fit_fails(tmp_path):
-    with cluster.LocalCluster(EXAMPLES / "multi_worker_train.py", workers=2,
-                              args=["--steps", "2", "--out", str(tmp_path), "--try-fit"]) as job:
-        logs = job.wait(timeout=240)
-    for log in logs:
-        assert "2 replicas in sync" in log
-        assert "fit: failed with ValueError" in log  # Keras 3 fit under MultiWorkerMirroredStrategy
-        assert "step 2: loss" in log
-    first, second = (np.load(tmp_path / f"worker{i}.npz") for i in range(2))
-    assert all(np.array_equal(first[k], second[k]) for k in first.files)
-
-
-def test_parameter_server_steps_are_stale_and_fit_cannot_drive_them():
-    with cluster.LocalCluster(EXAMPLES / "parameter_server.py", workers=1, args=["--steps", "8", "--try-fit"]) as job:
-        log = job.wait(timeout=240)[0]
-    result = json.loads([line for line in log.splitlines() if line.startswith("{")][-1])
-    assert result["fit"].startswith("failed with ValueError")  # Keras 3 has no ClusterCoordinator support
-    assert sorted(result["finished"]) == result["scheduled"] == list(range(8))
-    assert len(result["staleness"]) == 8 and min(result["staleness"]) >= 0
-    assert result["finished"][0] != 0 and result["staleness"][0] >= 1  # the slow step 0 waited for a later one
-    assert result["updates"] == 2 + 8  # two warm-up steps and eight: every update landed exactly once
 
 
 @pytest.mark.parametrize("lost", ["worker", "ps"])
