@@ -1,5 +1,5 @@
 """The planner: its counts against published figures, its layouts, its puzzles' feedback (no TensorFlow here;
-tests/test_threed.py checks its predictions against a real 3-D run)."""
+lesson 16 checks its predictions against a real 3-D run)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ of any kind. Pipeline traffic is charged at the link between nodes (conservative
 It models the course's layouts: each tensor rank sends its whole copy of a stage's output to the next stage
 (Megatron-LM's scatter/gather optimisation sends 1/t of it).
 
-The counts for the course's tiny GPT equal what lesson 16's 3-D run measured (tests/test_threed.py); the
+The counts for the course's tiny GPT equal what lesson 16's 3-D run measured (the lesson asserts it); the
 ZeRO paper's memory figures and published models' parameter counts are checked in tests/test_planner.py.
 """
 
