@@ -7,8 +7,11 @@ PYTHON  ?= python3
 # Python writes each module's .pyc the first time a process imports it, and every later process reuses it,
 # even where PYTHONDONTWRITEBYTECODE is set (as on this machine and CI): without the .pyc files every process
 # would compile TensorFlow and Keras again (12 s, not 4). Only what is imported gets compiled, not all of
-# TensorFlow at install (uv's --compile-bytecode, as pip does it): CONTRIBUTING.md has the numbers.
+# TensorFlow at install (uv's --compile-bytecode, as pip does it): CONTRIBUTING.md has the numbers. They go
+# to build/pycache, so nothing is written outside the clone (TensorFlow's AutoGraph imports modules it writes
+# to the temporary folder) and the source folders hold no __pycache__.
 unexport PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX := $(CURDIR)/build/pycache
 FLAVOUR ?= cpu
 VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
@@ -53,6 +56,8 @@ EXECUTIONS := $(CURDIR)/build/executions.tsv
 # A track's log is printed whole when it ends, with its exit status (track, below).
 test:
 	rm -f $(EXECUTIONS)
+	@# the last run's AutoGraph modules' .pyc files (their sources, in the temporary folder, are deleted at exit)
+	@find build/pycache -name '__autograph_generated_file*' -delete 2>/dev/null || true
 	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j3 test-main test-others test-side
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 # $(call track,LOG,WHAT,COMMANDS): run a track's shell COMMANDS into build/LOG.log, then print it whole

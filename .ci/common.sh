@@ -1,7 +1,8 @@
 # Sourced by the .ci/env-* scripts: make a fresh virtual environment and install into it quietly, with uv.
-# Each module's .pyc is written the first time a process imports it (the Makefile says why), also where
-# PYTHONDONTWRITEBYTECODE is set.
+# Each module's .pyc is written to build/pycache the first time a process imports it (the Makefile says
+# why), also where PYTHONDONTWRITEBYTECODE is set.
 unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$PWD/build/pycache}"
 fresh_venv() {  # fresh_venv PYTHON DIR: a virtual environment (with pip: tests and learners use it), pip upgraded
   "$1" -m venv --clear "$2"
   VENV="$2"

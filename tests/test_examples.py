@@ -2,9 +2,9 @@
 
 They check what lessons 09 and 11 say TensorFlow and Keras do, beyond what the lessons' own cells
 assert: parameter-server steps survive a lost worker (not a lost parameter server), a run whose
-worker is killed resumes from its last checkpoint to the weights of a run never interrupted, the
-surviving worker fails by itself with UnavailableError, a stall no peer would wait for is refused,
-and a stuck worker goes unnoticed where a silent one is caught by the heartbeats.
+worker is killed resumes from its last checkpoint to the weights of a run never interrupted (lesson
+11 asserts the survivor's UnavailableError and the resume itself), a stall no peer would wait for is
+refused, and a stuck worker goes unnoticed where a silent one is caught by the heartbeats.
 
 Lesson 09 runs the two plain runs and asserts what they show, three times per make test (Colab-like,
 Binder-like, student version), so they are not run again here: Keras 3 fit fails under
