@@ -157,7 +157,8 @@ def test_adding_a_lesson_is_one_notebook_and_one_manifest_entry(tmp_path):
     written = assignments.write_student_versions(lessons, tmp_path / "student")
     assert tmp_path / "student" / new_file in written and (tmp_path / "student" / course.MANIFEST).exists()
     # the budget script lists it
-    assert budgets_script().lesson_paths(root)[-1] == lessons / new_file
+    budgets = budgets_script()
+    assert budgets.lesson_paths(root)[-1] == lessons / new_file
     # the guide's table lists it
-    table = budgets_script().guide_table(extended, [{"lesson": new_file, "seconds": 1.0}], "today")
+    table = budgets.guide_table(extended, [{"lesson": new_file, "seconds": 1.0}], "today")
     assert f"| {number} | {title} | 20 min | 1.0 s |" in table
