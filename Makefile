@@ -21,16 +21,18 @@ STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+# uv installs the environment in seconds where pip takes a minute (.ci/uv); pip stays in it for you. make test's
+# other environments are installed with this uv too, so they start as soon as it is here (test-others).
+UV := $(BIN)/uv
+$(UV):
 	$(PYTHON) -m venv $(VENV)
-	@# uv installs the environment in seconds where pip takes a minute (.ci/uv); pip stays in it for you.
-	@# --override: leave out what .ci/uv-overrides.txt names (a package that only slows every Jupyter tool's start).
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
+
+$(STAMP): pyproject.toml | $(UV)
+	@# --override: leave out what .ci/uv-overrides.txt names (a package that only slows every Jupyter tool's start).
 	$(BIN)/uv pip install --quiet --override .ci/uv-overrides.txt --python $(BIN)/python -e ".[$(FLAVOUR),dev]"
 	@# nbgrader is here for tests/test_nbgrader.py: keep its menus out of the JupyterLab that make lab opens
-	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1
-	for part in formgrader validate_assignment assignment_list course_list; do \
-		$(BIN)/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$part >/dev/null 2>&1 || exit 1; done
+	$(BIN)/python .ci/lab-without-nbgrader.py
 	touch $@
 
 # JupyterLab 4 in the repository root: exercises in student/, the solved lessons in lessons/ (--allow-root
@@ -44,15 +46,16 @@ lab: setup
 # the budget table) and its student version once (under nbgrader, in the main environment); the test runs
 # note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Three tracks side by side, once the main environment is set up: the main environment's tests (printed as
-# they go); the Colab-like and Binder-like environments (set up side by side, then tested one after the
-# other: build/test-others.log); and the tests that mostly wait (build/test-side.log): the main
-# environment's browser tests and example clusters (SIDE_TRACK, below), then Python 3.10's unit tests, whose
-# timeouts and sleeper workers leave the cores to the other two. (Every test marked `slow` on that track was
-# tried too: no faster, and in both its runs a Binder-like lesson, beside two CPU-bound tracks, met a stall
-# inside TensorFlow, once past nbval's 300-s cell timeout: CONTRIBUTING.md.) Every test and lesson is
-# written to pass on a busy machine: the tracks keep the cores busy for each other (so the Colab-like
-# lessons get no extra bursty load here), and the budget table says how busy it was (its host-speed line).
+# Three tracks side by side: the main environment's tests (printed as they go); the Colab-like and
+# Binder-like environments (set up side by side as soon as the main environment has uv, while the rest of it
+# installs, then tested one after the other: build/test-others.log); and the tests that mostly wait
+# (build/test-side.log): the main environment's browser tests and example clusters (SIDE_TRACK, below), then
+# Python 3.10's unit tests, whose timeouts and sleeper workers leave the cores to the other two. (Every test
+# marked `slow` on that track was tried too: no faster, and in both its runs a Binder-like lesson, beside two
+# CPU-bound tracks, met a stall inside TensorFlow, once past nbval's 300-s cell timeout: CONTRIBUTING.md.)
+# Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
+# (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
+# host-speed line).
 # A track's log is printed whole when it ends, with its exit status (track, below).
 test:
 	rm -f $(EXECUTIONS)
@@ -64,7 +67,7 @@ test:
 # and exit with their status.
 track = @mkdir -p build; echo "$(2) (build/$(1).log)"; { $(3); } > build/$(1).log 2>&1; \
 	status=$$?; echo "===== build/$(1).log (exit status $$status) ====="; cat build/$(1).log; exit $$status
-test-others: setup
+test-others: $(UV)
 	$(call track,test-others,Colab-like and Binder-like environments: set up and tested beside the main one,\
 	  $(MAKE) --no-print-directory -j2 setup-colab setup-binder && \
 	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder)
