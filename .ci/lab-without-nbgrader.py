@@ -4,8 +4,8 @@ nbgrader is in the main environment for tests/test_nbgrader.py. This writes what
 `jupyter labextension disable --level=sys_prefix @jupyter/nbgrader` (which disables and locks it, so the
 plugin manager can't turn it back on) and, for each of nbgrader's four server extensions,
 `jupyter server extension disable --sys-prefix nbgrader.server_extensions.PART` write (the same files,
-byte for byte), with the functions those commands call, in one process: the five commands took about
-14 CPU-seconds at the start of every `make setup`, one process about 1.5.
+byte for byte), with the functions those commands call, in one process: the five commands took 10.8
+CPU-seconds (14 s) at the start of every `make setup`, this one process about 1.6 to 4.
 """
 
 from jupyter_server.extension.serverextension import toggle_server_extension_python
