@@ -48,8 +48,7 @@ lab: setup
 EXECUTIONS := $(CURDIR)/build/executions.tsv
 # Three tracks side by side: the main environment's tests (printed as they go); the Colab-like and
 # Binder-like environments (set up side by side as soon as the main environment has uv, while the rest of it
-# installs, then tested side by side, so that this track's end is not one kernel alone on a core:
-# build/test-others.log); and the tests that mostly wait
+# installs, then tested one after the other: build/test-others.log); and the tests that mostly wait
 # (build/test-side.log): the main environment's browser tests and example clusters (SIDE_TRACK, below), then
 # Python 3.10's unit tests, whose timeouts and sleeper workers leave the cores to the other two. (Every test
 # marked `slow` on that track was tried too: no faster, and in both its runs a Binder-like lesson, beside two
@@ -71,7 +70,7 @@ track = @mkdir -p build; echo "$(2) (build/$(1).log)"; { $(3); } > build/$(1).lo
 test-others: $(UV)
 	$(call track,test-others,Colab-like and Binder-like environments: set up and tested beside the main one,\
 	  $(MAKE) --no-print-directory -j2 setup-colab setup-binder && \
-	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j2 run-colab run-binder)
+	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder)
 test-side: setup chromium
 	$(call track,test-side,The browser tests and example clusters then Python 3.10 beside the other two tracks,\
 	  $(MAKE) --no-print-directory -k -j1 setup-py310 test-apart run-py310)
