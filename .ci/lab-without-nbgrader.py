@@ -11,7 +11,8 @@ CPU-seconds (14 s) at the start of every `make setup`, this one process about 1.
 from jupyter_server.extension.serverextension import toggle_server_extension_python
 from jupyterlab.commands import AppOptions, disable_extension, lock_extension
 
-disable_extension("@jupyter/nbgrader", app_options=AppOptions(), level="sys_prefix")
-lock_extension("@jupyter/nbgrader", app_options=AppOptions(), level="sys_prefix")
+options = AppOptions()
+disable_extension("@jupyter/nbgrader", app_options=options, level="sys_prefix")
+lock_extension("@jupyter/nbgrader", app_options=options, level="sys_prefix")
 for part in ("formgrader", "validate_assignment", "assignment_list", "course_list"):
     toggle_server_extension_python(f"nbgrader.server_extensions.{part}", enabled=False, sys_prefix=True)
