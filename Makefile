@@ -17,7 +17,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab check test test-main test-apart test-side test-busy test-colab test-binder test-py310 setup-colab setup-binder setup-py310 run-colab run-binder run-py310 test-others budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab check test test-main test-apart test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -46,16 +46,16 @@ lab: setup
 # the budget table) and its student version once (under nbgrader, in the main environment); the test runs
 # note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Three tracks side by side: the main environment's tests (printed as they go); the Colab-like and
-# Binder-like environments (set up side by side as soon as the main environment has uv, while the rest of it
-# installs, then tested one after the other: build/test-others.log); and the tests that mostly wait
-# (build/test-side.log): the main environment's browser tests and example clusters (SIDE_TRACK, below), then
-# Python 3.10's unit tests, whose timeouts and sleeper workers leave the cores to the other two. (Every test
-# marked `slow` on that track was tried too: no faster, and in both its runs a Binder-like lesson, beside two
-# CPU-bound tracks, met a stall inside TensorFlow, once past nbval's 300-s cell timeout: CONTRIBUTING.md.)
+# Three tracks side by side, each setting up its own environments: the main environment's tests (printed as they
+# go); the Colab-like environment (set up as soon as the main environment has uv, while the rest of it installs),
+# then the oldest Python's unit tests (build/test-others.log; none where the main environment is that Python, as
+# here: .ci/env-oldest); and the Binder-like environment, set up first, then the main environment's browser tests
+# and example clusters (SIDE_TRACK, below), whose timeouts and sleeper workers leave the cores to the other two,
+# then the Binder-like lessons with their memory (build/test-side.log): so the main environment's two pytest
+# processes, which can use both cores, end the run rather than one lesson kernel alone.
 # Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
 # (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
-# host-speed line).
+# host-speed lines).
 # A track's log is printed whole when it ends, with its exit status (track, below).
 test:
 	rm -f $(EXECUTIONS)
@@ -68,12 +68,12 @@ test:
 track = @mkdir -p build; echo "$(2) (build/$(1).log)"; { $(3); } > build/$(1).log 2>&1; \
 	status=$$?; echo "===== build/$(1).log (exit status $$status) ====="; cat build/$(1).log; exit $$status
 test-others: $(UV)
-	$(call track,test-others,Colab-like and Binder-like environments: set up and tested beside the main one,\
-	  $(MAKE) --no-print-directory -j2 setup-colab setup-binder && \
-	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-binder)
+	$(call track,test-others,The Colab-like environment then the oldest Python: set up and tested beside the main one,\
+	  $(MAKE) --no-print-directory -j2 setup-colab setup-oldest && \
+	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-oldest)
 test-side: setup chromium
-	$(call track,test-side,The browser tests and example clusters then Python 3.10 beside the other two tracks,\
-	  $(MAKE) --no-print-directory -k -j1 setup-py310 test-apart run-py310)
+	$(call track,test-side,The Binder-like environment set up then the browser tests and example clusters then the Binder-like lessons,\
+	  $(MAKE) --no-print-directory -k -j1 setup-binder test-apart run-binder)
 
 # Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
 # the website (built and opened in Debian's chromium), in one pytest run; make test-apart runs the rest of
@@ -117,21 +117,22 @@ test-busy: setup
 
 # Colab-like (Python 3.13, TF 2.20, Keras 3.13, ipywidgets 7.7.1: .ci/colab-constraints.txt),
 # Binder-like (binder/: every lesson, its time and its kernel's peak memory: make test's budget table), and
-# Python 3.10's unit tests but those whose processes import TensorFlow (marked `processes`; those marked `light` run);
-# each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-py310).
+# the oldest supported Python's unit tests but those whose processes import TensorFlow (marked `processes`; those
+# marked `light` run; nothing where ./.venv is that Python, as here: make test-main runs them all there);
+# each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-oldest).
 # (setup-X installs one, run-X tests it: make test does all the installs first.)
 test-colab:
 	.ci/env-colab
 test-binder:
 	.ci/env-binder
-test-py310:
-	.ci/env-py310
-setup-colab setup-binder setup-py310:
+test-oldest:
+	.ci/env-oldest
+setup-colab setup-binder setup-oldest:
 	.ci/env-$(subst setup-,,$@) setup
 run-colab run-binder:
 	.ci/env-$(subst run-,,$@) run
-run-py310:
-	.ci/env-py310 run
+run-oldest:
+	.ci/env-oldest run
 
 # The course website, never executed, offline, warnings as errors (docs/site/build.py): the learner
 # edition into build/site/html (open its index.html; exercises unsolved, buttons open student/), or

@@ -153,12 +153,12 @@ def _refusing_new_processes(item):
     """A test that starts a process through ``subprocess`` (``run``, ``Popen``, asyncio's subprocesses and
     jupyter_client's kernels all go through ``Popen``: a fresh Python with a device layout of its own, the
     command line through its entry point, a kernel, a cluster, git) says so with ``@pytest.mark.processes``,
-    or with ``@pytest.mark.light`` where none of its processes imports TensorFlow; the Python 3.10 job runs
+    or with ``@pytest.mark.light`` where none of its processes imports TensorFlow; the oldest-Python job runs
     only the ``light`` ones. While an unmarked test and the fixtures it sets up run, every such start is
     refused, and the test fails afterwards even if the code under test caught the refusal, so the mark can't
     be missing where this test process starts processes. (``os.fork``, ``os.system`` and ``multiprocessing``
     are not watched: nothing here uses them. A fixture shared with marked tests is seen only when an unmarked
-    test sets it up, as in the Python 3.10 job. Tests marked ``slow`` or ``lessons`` start processes by design.)"""
+    test sets it up, as in the oldest-Python job. Tests marked ``slow`` or ``lessons`` start processes by design.)"""
     if any(item.get_closest_marker(mark) for mark in ("processes", "light", "slow", "lessons")):
         yield
         return

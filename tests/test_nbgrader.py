@@ -15,7 +15,7 @@
 - ``nbgrader generate_feedback`` writes an HTML report for each.
 
 The scores go to build/nbgrader/scores.md (git-ignored), for the record. Every test here is marked
-``lessons``: it runs whole lessons (``make check`` and the Python 3.10 job leave them out).
+``lessons``: it runs whole lessons (``make check`` and the oldest-Python job leave them out).
 """
 
 from __future__ import annotations

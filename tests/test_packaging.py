@@ -6,17 +6,13 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from mgpu_edu import course, data
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +23,19 @@ def test_binder_files():
     assert "." in requirements
     assert any(r.startswith("tensorflow-cpu") for r in requirements)
     assert not any(re.match(r"tensorflow(\[|[<>=]|$)", r) for r in requirements)
-    assert re.fullmatch(r"python-3\.1[0-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
+    assert re.fullmatch(r"python-3\.1[1-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
+
+
+def test_the_supported_pythons_are_the_same_everywhere():
+    """pyproject.toml's requires-python, what mgpu-edu doctor accepts, the oldest Python .ci/env-oldest tests
+    and the range the README names are one range."""
+    from mgpu_edu.course import doctor
+
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    (low, high) = doctor.SUPPORTED_PYTHON
+    assert requires == f">={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
+    assert f"Python {low[0]}.{low[1]}–{high[0]}.{high[1]}" in (ROOT / "README.md").read_text()
+    assert "requires-python" in (ROOT / ".ci" / "env-oldest").read_text()  # it reads the oldest from there
 
 
 @pytest.mark.light  # starts processes, none of which imports TensorFlow

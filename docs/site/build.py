@@ -34,11 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib
+import tomllib
 from pathlib import Path
 
 import nbformat

@@ -19,7 +19,7 @@ from mgpu_edu.runtime import quiet
 
 #: Distributions that provide ``import tensorflow``, in the order we report them.
 TENSORFLOW_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-macos", "tensorflow-intel", "tf-nightly")
-SUPPORTED_PYTHON = ((3, 10), (3, 13))
+SUPPORTED_PYTHON = ((3, 11), (3, 13))  # pyproject.toml's requires-python (tests/test_packaging.py)
 MIN_TENSORFLOW = (2, 16)
 
 

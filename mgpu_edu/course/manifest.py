@@ -13,15 +13,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
 
 #: The manifest's file name, in the lessons folder.
 MANIFEST = "course.toml"
