@@ -74,7 +74,7 @@ def _python_finding() -> Finding:
     version = ".".join(map(str, sys.version_info[:3]))
     ok = low <= sys.version_info[:2] <= high
     return Finding("Python", version, ok, "" if ok else
-                   f"TensorFlow publishes wheels for Python {low[0]}.{low[1]}–{high[0]}.{high[1]}: "
+                   f"the course supports and tests Python {low[0]}.{low[1]}–{high[0]}.{high[1]}: "
                    "create a virtual environment with one of those")
 
 
