@@ -22,7 +22,7 @@ STAMP   := $(VENV)/.installed-$(FLAVOUR)
 setup: $(STAMP)
 
 # uv installs the environment in seconds where pip takes a minute (.ci/uv); pip stays in it for you. make test's
-# other environments are installed with this uv too, so they start as soon as it is here (test-others).
+# other environments are installed with this uv too, so the Colab-like one starts as soon as it is here (test-others).
 UV := $(BIN)/uv
 $(UV):
 	$(PYTHON) -m venv $(VENV)
@@ -51,11 +51,12 @@ EXECUTIONS := $(CURDIR)/build/executions.tsv
 # then the oldest Python's unit tests (build/test-others.log; none where the main environment is that Python, as
 # here: .ci/env-oldest); and the Binder-like environment, set up first, then the main environment's browser tests
 # and example clusters (SIDE_TRACK, below), whose timeouts and sleeper workers leave the cores to the other two,
-# then the Binder-like lessons with their memory (build/test-side.log): so the main environment's two pytest
-# processes, which can use both cores, end the run rather than one lesson kernel alone.
+# then the Binder-like lessons with their memory (build/test-side.log): so that the main environment's two pytest
+# processes, which can use both cores, end the run where they can, rather than one lesson kernel alone for minutes
+# (in the tenth session's runs the third track still ended 5 and 71 s after them with 17 lessons: CONTRIBUTING.md).
 # Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
 # (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
-# host-speed lines).
+# host-speed line).
 # A track's log is printed whole when it ends, with its exit status (track, below).
 test:
 	rm -f $(EXECUTIONS)
@@ -120,7 +121,7 @@ test-busy: setup
 # the oldest supported Python's unit tests but those whose processes import TensorFlow (marked `processes`; those
 # marked `light` run; nothing where ./.venv is that Python, as here: make test-main runs them all there);
 # each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-oldest).
-# (setup-X installs one, run-X tests it: make test does all the installs first.)
+# (setup-X installs one, run-X tests it: each of make test's tracks does its installs first.)
 test-colab:
 	.ci/env-colab
 test-binder:
