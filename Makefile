@@ -17,7 +17,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab check test test-main test-apart test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab check test test-main test-apart test-browser test-examples test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -25,10 +25,13 @@ setup: $(STAMP)
 # other environments are installed with this uv too, so the Colab-like one starts as soon as it is here (test-others).
 UV := $(BIN)/uv
 $(UV):
+	@# a supported Python, or a message that says which to name (PYTHON=python3.11): pyproject.toml's range
+	@$(PYTHON) .ci/python-ok
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip uv
 
 $(STAMP): pyproject.toml | $(UV)
+	@$(BIN)/python .ci/python-ok
 	@# --override: leave out what .ci/uv-overrides.txt names (a package that only slows every Jupyter tool's start).
 	$(BIN)/uv pip install --quiet --override .ci/uv-overrides.txt --python $(BIN)/python -e ".[$(FLAVOUR),dev]"
 	@# nbgrader is here for tests/test_nbgrader.py: keep its menus out of the JupyterLab that make lab opens
@@ -48,12 +51,13 @@ lab: setup
 EXECUTIONS := $(CURDIR)/build/executions.tsv
 # Three tracks side by side, each setting up its own environments: the main environment's tests (printed as they
 # go); the Colab-like environment (set up as soon as the main environment has uv, while the rest of it installs),
-# then the oldest Python's unit tests (build/test-others.log; none where the main environment is that Python, as
-# here: .ci/env-oldest); and the Binder-like environment, set up first, then the main environment's browser tests
-# and example clusters (SIDE_TRACK, below), whose timeouts and sleeper workers leave the cores to the other two,
-# then the Binder-like lessons with their memory (build/test-side.log): so that the main environment's two pytest
-# processes, which can use both cores, end the run where they can, rather than one lesson kernel alone for minutes
-# (in the tenth session's runs the third track still ended 5 and 71 s after them with 17 lessons: CONTRIBUTING.md).
+# then the oldest Python's unit tests (none where the main environment is that Python, as here: .ci/env-oldest),
+# then the main environment's example clusters (build/test-others.log); and the Binder-like environment, set up
+# first, then the main environment's browser tests, then the Binder-like lessons with their memory
+# (build/test-side.log). The browser tests and the clusters (SIDE_TRACK, below) mostly wait, on purpose, for
+# JupyterLab, heartbeats and timeouts, so they leave the cores to the others; each follows a track's lessons so
+# that the three tracks end close together and no lesson kernel works alone for minutes at the end (the tenth
+# session's runs: CONTRIBUTING.md).
 # Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
 # (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
 # host-speed line).
@@ -62,19 +66,20 @@ test:
 	rm -f $(EXECUTIONS)
 	@# the last run's AutoGraph modules' .pyc files (their sources, in the temporary folder, are deleted at exit)
 	@find build/pycache -name '__autograph_generated_file*' -delete 2>/dev/null || true
-	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -j3 test-main test-others test-side
+	@# -k: a track that fails leaves the others running; make test still fails
+	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -k -j3 test-main test-others test-side
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 # $(call track,LOG,WHAT,COMMANDS): run a track's shell COMMANDS into build/LOG.log, then print it whole
 # and exit with their status.
 track = @mkdir -p build; echo "$(2) (build/$(1).log)"; { $(3); } > build/$(1).log 2>&1; \
 	status=$$?; echo "===== build/$(1).log (exit status $$status) ====="; cat build/$(1).log; exit $$status
 test-others: $(UV)
-	$(call track,test-others,The Colab-like environment then the oldest Python: set up and tested beside the main one,\
-	  $(MAKE) --no-print-directory -j2 setup-colab setup-oldest && \
-	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -j1 run-colab run-oldest)
+	$(call track,test-others,The Colab-like environment then the oldest Python then the example clusters beside the main tests,\
+	  $(MAKE) --no-print-directory -k -j2 setup-colab setup-oldest; set_up=$$?; \
+	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -k -j1 run-colab run-oldest test-examples && test $$set_up = 0)
 test-side: setup chromium
-	$(call track,test-side,The Binder-like environment set up then the browser tests and example clusters then the Binder-like lessons,\
-	  $(MAKE) --no-print-directory -k -j1 setup-binder test-apart run-binder)
+	$(call track,test-side,The Binder-like environment set up then the browser tests then the Binder-like lessons,\
+	  $(MAKE) --no-print-directory -k -j1 setup-binder test-browser run-binder)
 
 # Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
 # the website (built and opened in Debian's chromium), in one pytest run; make test-apart runs the rest of
@@ -91,14 +96,18 @@ test-main: lint chromium
 WORKERS ?= 2
 IN_PARALLEL = -n $(WORKERS) --dist loadfile
 
-# The main environment's tests that make test runs on its third track (test-side), beside the other two:
-# the browser tests (JupyterLab in headless Chromium, driving every widget the lessons show) and the example
-# scripts' clusters of TensorFlow processes (mostly waiting on purpose for heartbeats and timeouts).
-# Same environment (.venv), same checks; make test-main leaves them out.
+# The main environment's tests that make test runs on its other two tracks, beside the main one: the browser
+# tests (JupyterLab in headless Chromium, driving every widget the lessons show: test-browser, third track) and
+# the example scripts' clusters of TensorFlow processes (mostly waiting on purpose for heartbeats and timeouts:
+# test-examples, second track). Same environment (.venv), same checks; make test-main leaves them out, and
+# make test-apart runs both.
 SIDE_TRACK := tests/test_browser.py tests/test_examples.py
 test-apart: setup chromium
 	@date +'== main environment: $(SIDE_TRACK) (%T)'
 	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:randomly --durations=10 $(SIDE_TRACK)
+test-browser test-examples: setup chromium
+	@date +'== main environment: tests/$(subst -,_,$@).py (%T)'
+	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:randomly --durations=10 tests/$(subst -,_,$@).py
 
 # The everyday loop, a few minutes from a warm .venv: lint, the unit tests that run no lesson (those marked
 # `lessons` or `slow` are make test's), and every lesson that differs from BASE's merge base (committed or
@@ -134,6 +143,8 @@ run-colab run-binder:
 	.ci/env-$(subst run-,,$@) run
 run-oldest:
 	.ci/env-oldest run
+# .ci/env-oldest compares the oldest Python with this main environment's (FLAVOUR=gpu: .venv-gpu)
+test-oldest setup-oldest run-oldest: export MAIN_PYTHON := $(abspath $(BIN))/python
 
 # The course website, never executed, offline, warnings as errors (docs/site/build.py): the learner
 # edition into build/site/html (open its index.html; exercises unsolved, buttons open student/), or

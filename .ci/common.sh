@@ -18,11 +18,19 @@ real_pip() {  # pip itself, where what pip does is the thing tested (a learner's
   "$VENV/bin/python" -m pip install --quiet "$@" \
     2> >(grep -Ev "^WARNING: Location '[^']*' is ignored: it is neither a file nor a directory\.$" >&2)
 }
+marked_setup() {  # setup(), with $VENV marked as set up only once it has ended (set -e: not when it fails)
+  rm -f "$VENV/.set-up"
+  setup
+  if [ -d "$VENV" ]; then touch "$VENV/.set-up"; fi
+}
+require_setup() {  # a run refuses an environment whose set-up failed or never ran (make test's tracks keep going)
+  [ -e "$VENV/.set-up" ] || { echo "$VENV is not set up (its set-up failed or never ran): run $0 setup first" >&2; exit 1; }
+}
 setup_and_run() {  # setup_and_run [setup|run]: the env-* scripts' setup(), run(), or both (no argument)
   case "${1:-all}" in
-    setup) setup ;;
+    setup) marked_setup ;;
     run) run ;;
-    all) setup; run ;;
+    all) marked_setup; run ;;
     *) echo "usage: $0 [setup|run]" >&2; exit 2 ;;
   esac
 }

@@ -286,9 +286,11 @@ def main() -> int:
         paths = lesson_paths(ROOT, args.lessons)
     except ValueError as error:
         parser.error(str(error))
-    reference = [time_import(HOST_REFERENCE, repeats=3)[0]]  # the host's speed, before and after the suite
+    # The host's speed, before and after the suite: before, the best of two (the first try also writes the .pyc
+    # files, so the first lesson's time doesn't include that); after, one try (six tries were 36 CPU-seconds).
+    reference = [time_import(HOST_REFERENCE, repeats=2)[0]]
     rows, suite_seconds, exit_status = run_suite(paths, busy=args.busy)
-    reference.append(time_import(HOST_REFERENCE, repeats=3)[0])
+    reference.append(time_import(HOST_REFERENCE, repeats=1)[0])
     for row in rows:
         slowest = ", ".join(f"{cell} {seconds:.1f} s" for cell, seconds in row.get("slowest", []))
         print(f"{row['lesson']}: {row['seconds']} s, kernel {row['kernel_mb']} MB, {row['summary']}; "
@@ -311,7 +313,7 @@ def main() -> int:
             + "\n".join(f"- {k}: {v} (budget {IMPORT_BUDGET_S} s)" for k, v in imports.items())
             + f"\n- TensorFlow imported by them: {'YES' if tf_imported else 'no'}"
             + f"\n- host speed: `{HOST_REFERENCE}` in a fresh process took {reference[0]:.2f} s before the suite "
-            f"and {reference[1]:.2f} s after it (best of 3). Every lesson kernel and every worker process pays "
+            f"(best of 2) and {reference[1]:.2f} s after it. Every lesson kernel and every worker process pays "
             "this; when it is slower, so is every lesson: compare runs by it.\n")
     out = (ROOT / "benchmarks" if args.commit else ROOT / "build" / "budgets") / f"{args.name}.md"
     out.parent.mkdir(parents=True, exist_ok=True)

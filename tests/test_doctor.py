@@ -93,6 +93,8 @@ def test_ipywidgets_against_the_front_end(installed, platform, versions, ok, fix
 def test_unsupported_python_and_keras_2(monkeypatch, installed):
     monkeypatch.setattr(doctor.sys, "version_info", (3, 14, 0))
     assert doctor._python_finding().ok is False and "3.11–3.13" in doctor._python_finding().fix
+    monkeypatch.setattr(doctor.sys, "version_info", (3, 10, 13))  # past its end of life (October 2026)
+    assert doctor._python_finding().ok is False and "3.11–3.13" in doctor._python_finding().fix
     installed(keras="2.15.0", ipywidgets="8.1.5")
     keras = doctor._package_findings(Environment("local", (), "3.11.7"))[0]
     assert (keras.name, keras.ok) == ("Keras", False) and "keras>=3" in keras.fix

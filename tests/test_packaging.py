@@ -23,19 +23,42 @@ def test_binder_files():
     assert "." in requirements
     assert any(r.startswith("tensorflow-cpu") for r in requirements)
     assert not any(re.match(r"tensorflow(\[|[<>=]|$)", r) for r in requirements)
-    assert re.fullmatch(r"python-3\.1[1-3]\s*", (ROOT / "binder" / "runtime.txt").read_text())
 
 
+@pytest.mark.light  # .ci/python-ok, a Python that imports nothing of ours
 def test_the_supported_pythons_are_the_same_everywhere():
-    """pyproject.toml's requires-python, what mgpu-edu doctor accepts, the oldest Python .ci/env-oldest tests
-    and the range the README names are one range."""
+    """pyproject.toml's requires-python is the one range: mgpu-edu doctor accepts it, .ci/python-ok (which
+    the Makefile runs before it makes .venv, and .ci/env-oldest asks for the oldest) reads it, ruff targets
+    its oldest, CI's main job and the Binder-like and Colab-like environments use Pythons inside it, and the
+    README names it."""
     from mgpu_edu.course import doctor
 
-    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     (low, high) = doctor.SUPPORTED_PYTHON
-    assert requires == f">={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
-    assert f"Python {low[0]}.{low[1]}–{high[0]}.{high[1]}" in (ROOT / "README.md").read_text()
-    assert "requires-python" in (ROOT / ".ci" / "env-oldest").read_text()  # it reads the oldest from there
+    oldest, newest = f"{low[0]}.{low[1]}", f"{high[0]}.{high[1]}"
+    assert config["project"]["requires-python"] == f">={oldest},<{high[0]}.{high[1] + 1}"
+    assert config["tool"]["ruff"]["target-version"] == f"py{low[0]}{low[1]}"
+
+    def python_ok(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(ROOT / ".ci" / "python-ok"), *args], capture_output=True,
+                              text=True, timeout=60)
+
+    assert python_ok("--oldest").stdout.strip() == oldest
+    assert python_ok().returncode == 0  # the Python running these tests
+    for version in (oldest, newest):
+        assert python_ok("--version", version).returncode == 0, version
+    for version in (f"{low[0]}.{low[1] - 1}", f"{high[0]}.{high[1] + 1}"):
+        refused = python_ok("--version", version)
+        assert refused.returncode == 1 and f"Python {oldest} to {newest}" in refused.stderr, refused.stderr
+        assert f"PYTHON=python{oldest}" in refused.stderr  # says what to type
+    assert "OLDEST=$(.ci/python-ok --oldest)" in (ROOT / ".ci" / "env-oldest").read_text(encoding="utf-8")
+    ci = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
+    assert re.search(r'target: test-main, python: "([\d.]+)"', ci)[1] == oldest  # so CI needs no test-oldest job
+    assert "target: test-oldest" not in ci
+    binder = re.fullmatch(r"python-(\d+)\.(\d+)\s*", (ROOT / "binder" / "runtime.txt").read_text(encoding="utf-8"))
+    colab = re.search(r"\.ci/python (\d+)\.(\d+)", (ROOT / ".ci" / "env-colab").read_text(encoding="utf-8"))
+    assert all(low <= (int(m[1]), int(m[2])) <= high for m in (binder, colab))
+    assert f"Python {oldest}–{newest}" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.light  # starts processes, none of which imports TensorFlow
