@@ -55,9 +55,9 @@ EXECUTIONS := $(CURDIR)/build/executions.tsv
 # then the main environment's example clusters (build/test-others.log); and the Binder-like environment, set up
 # first, then the main environment's browser tests, then the Binder-like lessons with their memory
 # (build/test-side.log). The browser tests and the clusters (SIDE_TRACK, below) mostly wait, on purpose, for
-# JupyterLab, heartbeats and timeouts, so they leave the cores to the others; each follows a track's lessons so
-# that the three tracks end close together and no lesson kernel works alone for minutes at the end (the tenth
-# session's runs: CONTRIBUTING.md).
+# JupyterLab, heartbeats and timeouts, so they leave the cores to the others; the clusters follow the Colab-like
+# lessons and the browser tests precede the Binder-like ones, so that the three tracks end close together and no
+# lesson kernel works alone for minutes at the end (the tenth session's runs: CONTRIBUTING.md).
 # Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
 # (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
 # host-speed line).
@@ -128,7 +128,7 @@ test-busy: setup
 # Colab-like (Python 3.13, TF 2.20, Keras 3.13, ipywidgets 7.7.1: .ci/colab-constraints.txt),
 # Binder-like (binder/: every lesson, its time and its kernel's peak memory: make test's budget table), and
 # the oldest supported Python's unit tests but those whose processes import TensorFlow (marked `processes`; those
-# marked `light` run; nothing where ./.venv is that Python, as here: make test-main runs them all there);
+# marked `light` run; nothing where the main environment is that Python, as here: make test-main runs them all);
 # each in a fresh virtual environment of its own (.venv-colab, .venv-binder, .venv-oldest).
 # (setup-X installs one, run-X tests it: each of make test's tracks does its installs first.)
 test-colab:
