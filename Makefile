@@ -102,9 +102,7 @@ IN_PARALLEL = -n $(WORKERS) --dist loadfile
 # test-examples, second track). Same environment (.venv), same checks; make test-main leaves them out, and
 # make test-apart runs both.
 SIDE_TRACK := tests/test_browser.py tests/test_examples.py
-test-apart: setup chromium
-	@date +'== main environment: $(SIDE_TRACK) (%T)'
-	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:randomly --durations=10 $(SIDE_TRACK)
+test-apart: test-browser test-examples
 test-browser test-examples: setup chromium
 	@date +'== main environment: tests/$(subst -,_,$@).py (%T)'
 	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest -p no:randomly --durations=10 tests/$(subst -,_,$@).py
