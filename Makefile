@@ -22,8 +22,10 @@ STAMP   := $(VENV)/.installed-$(FLAVOUR)
 setup: $(STAMP)
 
 # uv installs the environment in seconds where pip takes a minute (.ci/uv); pip stays in it for you. make test's
-# other environments are installed with this uv too, so the Colab-like one starts as soon as it is here (test-others).
+# other environments are installed with this uv too (MGPU_EDU_UV tells .ci/uv which, FLAVOUR=gpu included, so no two
+# set-ups make one of their own at once), so the Colab-like one starts as soon as it is here (test-others).
 UV := $(BIN)/uv
+export MGPU_EDU_UV := $(abspath $(UV))
 $(UV):
 	@# a supported Python, or a message that says which to name (PYTHON=python3.11): pyproject.toml's range
 	@$(PYTHON) .ci/python-ok
@@ -92,9 +94,11 @@ test-main: lint chromium
 		$(addprefix --ignore ,$(SIDE_TRACK))
 # make test-main and make check run their tests in two processes (pytest-xdist), a test file at a time in
 # each, the longest files first (tests/conftest.py): with one process, the main track ran alone on one core
-# for its last 7 minutes once the other tracks had ended (CONTRIBUTING.md).
+# for its last 7 minutes once the other tracks had ended (CONTRIBUTING.md). --no-loadscope-reorder keeps that
+# order: by default pytest-xdist (3.5 and later) hands out the files with the most tests first instead, which
+# started nbgrader's round trip, the longest, some 230 s late (CONTRIBUTING.md, "What the eleventh session changed").
 WORKERS ?= 2
-IN_PARALLEL = -n $(WORKERS) --dist loadfile
+IN_PARALLEL = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The main environment's tests that make test runs on its other two tracks, beside the main one: the browser
 # tests (JupyterLab in headless Chromium, driving every widget the lessons show: test-browser, third track) and

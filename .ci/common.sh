@@ -3,8 +3,9 @@
 # why), also where PYTHONDONTWRITEBYTECODE is set.
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-$PWD/build/pycache}"
-fresh_venv() {  # fresh_venv PYTHON DIR: a virtual environment (with pip: tests and learners use it), pip upgraded
-  "$1" -m venv --clear "$2"
+fresh_venv() {  # fresh_venv PYTHON DIR: a virtual environment with the newest pip (tests and learners use it),
+  # installed by uv, not by venv's ensurepip (5 CPU-seconds fewer each, at the start of make test's tracks)
+  "$1" -m venv --clear --without-pip "$2"
   VENV="$2"
   UV="$(.ci/uv)"
   pip_install --upgrade pip

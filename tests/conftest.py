@@ -223,15 +223,17 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 # The test files that take longest, first: make test-main and make check hand whole files to two processes
-# (pytest-xdist, --dist loadfile) in this order, so a long file started last can't leave one process
-# running alone at the end. nbgrader's round trip runs every student version (minutes); the website is built
-# twice and opened in Chromium.
-LONGEST_FIRST = ("tests/test_nbgrader.py", "tests/test_site.py")
+# (pytest-xdist, --dist loadfile) in this order (--no-loadscope-reorder: the Makefile says why), so a long file
+# started last can't leave one process running alone at the end. nbgrader's round trip runs every student version
+# (minutes); the website is built twice and opened in Chromium. pytest-xdist gives each process two files at the
+# start, so the third waits in the first process until nbgrader's round trip has ended: the course's
+# configuration, a second's work, so that nothing longer waits there while the other process runs out of work.
+FIRST = ("tests/test_nbgrader.py", "tests/test_site.py", "tests/test_course_config.py")
 
 
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         path = item.nodeid.split("::")[0]
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+        return FIRST.index(path) if path in FIRST else len(FIRST)
 
     items.sort(key=rank)  # stable: every other test keeps its order
