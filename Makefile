@@ -17,7 +17,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab check test test-main test-apart test-examples-track test-browser test-examples test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab check test test-main test-apart test-browser test-examples test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -51,16 +51,15 @@ lab: setup
 # the budget table) and its student version once (under nbgrader, in the main environment); the test runs
 # note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Four tracks side by side, each setting up its own environments: the main environment's tests (printed as they
+# Three tracks side by side, each setting up its own environments: the main environment's tests (printed as they
 # go); the Colab-like environment (set up as soon as the main environment has uv, while the rest of it installs),
-# then the oldest Python's unit tests (none where the main environment is that Python, as here: .ci/env-oldest)
-# (build/test-others.log); the Binder-like environment, set up first, then the main environment's browser tests,
-# then the Binder-like lessons with their memory (build/test-side.log); and the main environment's example
-# clusters (build/test-examples.log). The browser tests and the clusters (SIDE_TRACK, below) mostly wait, on
-# purpose, for JupyterLab, heartbeats and timeouts, so they leave the cores to the others: the clusters run from
-# the start, beside the rest, and the browser tests precede the Binder-like lessons, so that the run ends with
-# work that keeps both cores busy (the main tests' two processes, the lesson suites), not with a track that
-# waits while a core idles (CONTRIBUTING.md, "What the eleventh session changed").
+# then the oldest Python's unit tests (none where the main environment is that Python, as here: .ci/env-oldest),
+# then the main environment's example clusters (build/test-others.log); and the Binder-like environment, set up
+# first, then the main environment's browser tests, then the Binder-like lessons with their memory
+# (build/test-side.log). The browser tests and the clusters (SIDE_TRACK, below) mostly wait, on purpose, for
+# JupyterLab, heartbeats and timeouts, so they leave the cores to the others; the clusters follow the Colab-like
+# lessons and the browser tests precede the Binder-like ones, so that the three tracks end close together and no
+# lesson kernel works alone for minutes at the end (the tenth session's runs: CONTRIBUTING.md).
 # Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
 # (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
 # host-speed line).
@@ -70,21 +69,19 @@ test:
 	@# the last run's AutoGraph modules' .pyc files (their sources, in the temporary folder, are deleted at exit)
 	@find build/pycache -name '__autograph_generated_file*' -delete 2>/dev/null || true
 	@# -k: a track that fails leaves the others running; make test still fails
-	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -k -j4 test-main test-others test-side test-examples-track
+	MGPU_EDU_EXECUTION_LOG=$(EXECUTIONS) $(MAKE) --no-print-directory -k -j3 test-main test-others test-side
 	$(BIN)/python .ci/executions.py $(EXECUTIONS)
 # $(call track,LOG,WHAT,COMMANDS): run a track's shell COMMANDS into build/LOG.log, then print it whole
 # and exit with their status.
 track = @mkdir -p build; echo "$(2) (build/$(1).log)"; { $(3); } > build/$(1).log 2>&1; \
 	status=$$?; echo "===== build/$(1).log (exit status $$status) ====="; cat build/$(1).log; exit $$status
 test-others: $(UV)
-	$(call track,test-others,The Colab-like environment then the oldest Python beside the main tests,\
+	$(call track,test-others,The Colab-like environment then the oldest Python then the example clusters beside the main tests,\
 	  $(MAKE) --no-print-directory -k -j2 setup-colab setup-oldest; set_up=$$?; \
-	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -k -j1 run-colab run-oldest && test $$set_up = 0)
+	  BURSTY_LOAD=0 $(MAKE) --no-print-directory -k -j1 run-colab run-oldest test-examples && test $$set_up = 0)
 test-side: setup chromium
 	$(call track,test-side,The Binder-like environment set up then the browser tests then the Binder-like lessons,\
 	  $(MAKE) --no-print-directory -k -j1 setup-binder test-browser run-binder)
-test-examples-track: setup chromium
-	$(call track,test-examples,The example clusters beside the main tests,$(MAKE) --no-print-directory test-examples)
 
 # Main environment (current releases): lint, the unit tests, the student versions and nbgrader's round trip,
 # the website (built and opened in Debian's chromium), in one pytest run; make test-apart runs the rest of
@@ -103,11 +100,11 @@ test-main: lint chromium
 WORKERS ?= 2
 IN_PARALLEL = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The main environment's tests that make test runs on tracks of their own, beside the main one: the browser
-# tests (JupyterLab in headless Chromium, driving every widget the lessons show: test-browser, on the Binder-like
-# track) and the example scripts' clusters of TensorFlow processes (mostly waiting on purpose for heartbeats and
-# timeouts: test-examples, on a track of its own). Same environment (.venv), same checks; make test-main leaves
-# them out, and make test-apart runs both.
+# The main environment's tests that make test runs on its other two tracks, beside the main one: the browser
+# tests (JupyterLab in headless Chromium, driving every widget the lessons show: test-browser, third track) and
+# the example scripts' clusters of TensorFlow processes (mostly waiting on purpose for heartbeats and timeouts:
+# test-examples, second track). Same environment (.venv), same checks; make test-main leaves them out, and
+# make test-apart runs both.
 SIDE_TRACK := tests/test_browser.py tests/test_examples.py
 test-apart: test-browser test-examples
 test-browser test-examples: setup chromium
