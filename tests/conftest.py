@@ -222,13 +222,26 @@ def pytest_runtest_teardown(item, nextitem):
         gc.collect()
 
 
-# The test files that take longest, first: make test-main and make check hand whole files to two processes
-# (pytest-xdist, --dist loadfile) in this order (--no-loadscope-reorder: the Makefile says why), so a long file
-# started last can't leave one process running alone at the end. nbgrader's round trip runs every student version
-# (minutes); the website is built twice and opened in Chromium. pytest-xdist gives each process two files at the
-# start, so the third waits in the first process until nbgrader's round trip has ended: the course's
-# configuration, a second's work, so that nothing longer waits there while the other process runs out of work.
-FIRST = ("tests/test_nbgrader.py", "tests/test_site.py", "tests/test_course_config.py")
+# The test files in this order: make test-main and make check hand whole files to two processes (pytest-xdist,
+# --dist loadfile, --no-loadscope-reorder: the Makefile says why), each taking the next file when it is free.
+# nbgrader's round trip runs every student version (minutes), and the website is built twice and opened in
+# Chromium: those start first. pytest-xdist gives each process two files at the start, so the third waits in the
+# first process until nbgrader's round trip has ended: the course's configuration, a second's work. Then the
+# other long files, longest first (their times on an idle machine, in seconds, in the comments), and every other
+# file after them, in pytest's order (each a few seconds), so that the run ends with short files, not with
+# one process working through a long one alone while the other waits (CONTRIBUTING.md, "What the eleventh
+# session changed").
+FIRST = (
+    "tests/test_nbgrader.py", "tests/test_site.py", "tests/test_course_config.py",
+    "tests/test_mirrored.py",  # 158
+    "tests/test_meshes.py",  # 54
+    "tests/test_cluster.py",  # 40, mostly waiting for processes to stop
+    "tests/test_keras_facts.py",  # 37
+    "tests/test_tradeoffs.py", "tests/test_allreduce.py",  # 33 each
+    "tests/test_tensor.py", "tests/test_data.py",  # 25, 23
+    "tests/test_devices.py", "tests/test_sharding.py", "tests/test_cli.py",  # 16 to 17
+    "tests/test_collectives.py", "tests/test_offline.py",  # 15 each
+)
 
 
 def pytest_collection_modifyitems(config, items):

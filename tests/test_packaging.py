@@ -89,3 +89,14 @@ def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_noth
                                 f"mgpu_edu/workloads/datasets/{data.DIGITS_PATH.name}"])
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "mgpu-edu = mgpu_edu.course.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_the_order_the_test_files_run_in_names_files_that_exist():
+    """tests/conftest.py hands the long test files out first (make test-main, make check): a file renamed or
+    removed would silently lose its place, and the run could end with it alone on one process."""
+    conftest = (ROOT / "tests" / "conftest.py").read_text(encoding="utf-8")
+    order = conftest[conftest.index("FIRST = ("):conftest.index("def pytest_collection_modifyitems")]
+    named = re.findall(r'"(tests/test_\w+\.py)"', order)
+    assert len(named) >= 3 and named[0] == "tests/test_nbgrader.py" and len(set(named)) == len(named)
+    assert [name for name in named if not (ROOT / name).is_file()] == []
+    assert "--no-loadscope-reorder" in (ROOT / "Makefile").read_text(encoding="utf-8")  # else xdist reorders them
