@@ -223,16 +223,15 @@ def pytest_runtest_teardown(item, nextitem):
 
 
 # The test files in this order: make test-main and make check hand whole files to two processes (pytest-xdist,
-# --dist loadfile, --no-loadscope-reorder: the Makefile says why), each taking the next file when it is free.
-# nbgrader's round trip runs every student version (minutes), and the website is built twice and opened in
-# Chromium: those start first. pytest-xdist gives each process two files at the start, so the third waits in the
-# first process until nbgrader's round trip has ended: the course's configuration, a second's work. Then the
-# other long files, longest first (their times on an idle machine, in seconds, in the comments), and every other
-# file after them, in pytest's order (each a few seconds), so that the run ends with short files, not with
-# one process working through a long one alone while the other waits (CONTRIBUTING.md, "What the eleventh
+# --dist loadfile, --no-loadscope-reorder: the Makefile says why), a process taking the next file once its
+# current one has two tests left to run. Any lesson make check runs (a notebook it names) first, then nbgrader's
+# round trip, which runs every student version (minutes), and the website, built twice and opened in Chromium;
+# then the other long files, longest first (their times on an idle machine, in seconds, in the comments), and
+# every other file after them, in pytest's order (each a few seconds), so that the run ends with short files, not
+# with one process working through a long one alone while the other waits (CONTRIBUTING.md, "What the eleventh
 # session changed").
 FIRST = (
-    "tests/test_nbgrader.py", "tests/test_site.py", "tests/test_course_config.py",
+    "tests/test_nbgrader.py", "tests/test_site.py",
     "tests/test_mirrored.py",  # 158
     "tests/test_meshes.py",  # 54
     "tests/test_cluster.py",  # 40, mostly waiting for processes to stop
@@ -247,6 +246,8 @@ FIRST = (
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> int:
         path = item.nodeid.split("::")[0]
+        if path.endswith(".ipynb"):
+            return -1
         return FIRST.index(path) if path in FIRST else len(FIRST)
 
     items.sort(key=rank)  # stable: every other test keeps its order

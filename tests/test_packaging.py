@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -94,9 +95,11 @@ def test_the_wheel_ships_the_lessons_manifest_worker_scripts_and_digits_and_noth
 def test_the_order_the_test_files_run_in_names_files_that_exist():
     """tests/conftest.py hands the long test files out first (make test-main, make check): a file renamed or
     removed would silently lose its place, and the run could end with it alone on one process."""
-    conftest = (ROOT / "tests" / "conftest.py").read_text(encoding="utf-8")
-    order = conftest[conftest.index("FIRST = ("):conftest.index("def pytest_collection_modifyitems")]
-    named = re.findall(r'"(tests/test_\w+\.py)"', order)
-    assert len(named) >= 3 and named[0] == "tests/test_nbgrader.py" and len(set(named)) == len(named)
-    assert [name for name in named if not (ROOT / name).is_file()] == []
-    assert "--no-loadscope-reorder" in (ROOT / "Makefile").read_text(encoding="utf-8")  # else xdist reorders them
+    tree = ast.parse((ROOT / "tests" / "conftest.py").read_text(encoding="utf-8"))
+    [order] = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+               and [getattr(target, "id", None) for target in node.targets] == ["FIRST"]]
+    assert order[0] == "tests/test_nbgrader.py" and len(set(order)) == len(order)
+    assert [name for name in order if not (ROOT / name).is_file()] == []
+    # else pytest-xdist hands the files out by how many tests each has, not in that order
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(r"^IN_PARALLEL\s*=.*--dist loadfile --no-loadscope-reorder", makefile, re.M)
