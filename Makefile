@@ -96,7 +96,7 @@ test-main: lint chromium
 # each, the longest files first (tests/conftest.py): with one process, the main track ran alone on one core
 # for its last 7 minutes once the other tracks had ended (CONTRIBUTING.md). --no-loadscope-reorder keeps that
 # order: by default pytest-xdist (3.5 and later) hands out the files with the most tests first instead, which
-# started nbgrader's round trip, the longest, some 230 s late (CONTRIBUTING.md, "What the eleventh session changed").
+# started nbgrader's round trip, the longest, some 190 s late (CONTRIBUTING.md, "What the eleventh session changed").
 WORKERS ?= 2
 IN_PARALLEL = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 

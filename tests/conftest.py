@@ -135,9 +135,12 @@ def run_fresh(code: str, timeout: float = 180) -> dict:
     return {"stdout": stdout, "result": json.loads(payload)}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def four_devices() -> list[str]:
-    """This test process's one device layout: 4 logical CPUs (or GPUs where there is one)."""
+    """This test process's one device layout: 4 logical CPUs (or GPUs where there is one), set up before its
+    first test. pytest-xdist hands a process its test files in whatever order processes free up, so the layout
+    must not depend on which file reaches TensorFlow first: a test that ran TensorFlow on the default single
+    device first left every later test in that process unable to set up four (one run of make test)."""
     layout = devices.setup_devices(4, verbose=False)
     return list(layout)
 
