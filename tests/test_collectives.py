@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import run_fresh
-from mgpu_edu import allreduce, collectives, quiet
+from mgpu_edu import allreduce, collectives, quiet, strategies
 
 tf = quiet.import_tensorflow()
 
@@ -126,7 +126,7 @@ def test_all_reduce_is_reduce_scatter_then_all_gather(four_devices, length):
 
 
 def test_agree_with_tensorflows_replica_context(four_devices):
-    strategy = tf.distribute.MirroredStrategy(four_devices)
+    strategy = strategies.make_strategy(four_devices)  # beside the other tests' strategies in this process
     values = placed(inputs(4, (3, 2)), four_devices)
     per_replica = strategy.experimental_distribute_values_from_function(
         lambda context: values[context.replica_id_in_sync_group])
