@@ -192,30 +192,42 @@ def _appear(page, widget, name: str, tmp_path: Path) -> None:
         pytest.fail(f"the {name} never appeared; error outputs in the notebook:\n{errors[-3000:]}")
 
 
-@contextlib.contextmanager
-def _lesson_widget(lab, lesson: str, selector: str, name: str, tmp_path: Path):
-    """Run a notebook (a lesson cut down to its widget) in JupyterLab in Chromium; yield (page, widget) once it
-    has finished, widget in view."""
+@pytest.fixture(scope="module")
+def chromium():
+    """One headless Chromium for this module's tests, and one browser context in it: each test opens a tab of its
+    own, and the tabs share the context's cache, so JupyterLab's scripts are fetched and compiled once, not once
+    per test (CONTRIBUTING.md, "What the twelfth session changed")."""
     from playwright.sync_api import sync_playwright
 
-    url, token = lab
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            _open_and_run_all(page, url, token, lesson)
-            widget = page.locator(selector)
-            _appear(page, widget, name, tmp_path)
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
-            widget.scroll_into_view_if_needed()  # JupyterLab 4 renders only the cells in view
-            widget.wait_for(state="visible", timeout=30_000)
-            yield page, widget
+            yield browser.new_context(viewport={"width": 1400, "height": 1000})
         finally:
             browser.close()
 
 
-def test_explorer_in_jupyterlab(lab, tmp_path):
-    with _lesson_widget(lab, "05_batch_scaling.ipynb", ".mgpu-explorer", "explorer", tmp_path) as (page, explorer):
+@contextlib.contextmanager
+def _lesson_widget(lab, chromium, lesson: str, selector: str, name: str, tmp_path: Path):
+    """Run a notebook (a lesson cut down to its widget) in JupyterLab in a new tab of ``chromium``; yield
+    (page, widget) once it has finished, widget in view. The tab is closed afterwards."""
+    url, token = lab
+    page = chromium.new_page()
+    try:
+        _open_and_run_all(page, url, token, lesson)
+        widget = page.locator(selector)
+        _appear(page, widget, name, tmp_path)
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=180_000)
+        widget.scroll_into_view_if_needed()  # JupyterLab 4 renders only the cells in view
+        widget.wait_for(state="visible", timeout=30_000)
+        yield page, widget
+    finally:
+        page.close()
+
+
+def test_explorer_in_jupyterlab(lab, chromium, tmp_path):
+    with _lesson_widget(lab, chromium, "05_batch_scaling.ipynb", ".mgpu-explorer", "explorer", tmp_path) as (
+            page, explorer):
         rows_before = page.locator(".mgpu-results tbody tr").count()
 
         # move the replicas slider and time the diagram's redraw, in the browser
@@ -251,9 +263,9 @@ def test_explorer_in_jupyterlab(lab, tmp_path):
 
 
 @pytest.mark.parametrize("lab", ["10_memory_zero.ipynb"], indirect=True)
-def test_memory_calculator_redraws_in_jupyterlab(lab, tmp_path):
+def test_memory_calculator_redraws_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 10's memory calculator: move the ZeRO-stage slider; the bars and the numbers redraw."""
-    with _lesson_widget(lab, "10_memory_zero.ipynb", ".mgpu-memory", "memory calculator", tmp_path) as (
+    with _lesson_widget(lab, chromium, "10_memory_zero.ipynb", ".mgpu-memory", "memory calculator", tmp_path) as (
             page, calculator):
         image = calculator.locator("img").first
         before = (image.get_attribute("src"), calculator.inner_text())
@@ -310,11 +322,11 @@ def _shows(page, widget, expected: str) -> str:
 
 
 @pytest.mark.parametrize("lab", ["03_allreduce.ipynb"], indirect=True)
-def test_allreduce_stepper_in_jupyterlab(lab, tmp_path):
+def test_allreduce_stepper_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 03's stepper: a step forward redraws the chunks and the bytes sent; more devices start over."""
     from mgpu_edu import allreduce
 
-    with _lesson_widget(lab, "03_allreduce.ipynb", ".mgpu-allreduce", "all-reduce stepper", tmp_path) as (
+    with _lesson_widget(lab, chromium, "03_allreduce.ipynb", ".mgpu-allreduce", "all-reduce stepper", tmp_path) as (
             page, stepper):
         n, step = int(_readout(stepper, "devices N")), int(_readout(stepper, "step"))
         trace = allreduce.simulate("ring", n, length=n * 4)
@@ -334,11 +346,11 @@ def test_allreduce_stepper_in_jupyterlab(lab, tmp_path):
 
 
 @pytest.mark.parametrize("lab", ["12_collectives.ipynb"], indirect=True)
-def test_collective_stepper_in_jupyterlab(lab, tmp_path):
+def test_collective_stepper_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 12's stepper on the all-to-all: a step forward redraws the chunks and the bytes sent."""
     from mgpu_edu import collectives
 
-    with _lesson_widget(lab, "12_collectives.ipynb", ".mgpu-allreduce", "collective stepper", tmp_path) as (
+    with _lesson_widget(lab, chromium, "12_collectives.ipynb", ".mgpu-allreduce", "collective stepper", tmp_path) as (
             page, stepper):
         n, step = int(_readout(stepper, "devices N")), int(_readout(stepper, "step"))
         trace = collectives.simulate("all_to_all", n, rows=n * 4)
@@ -352,11 +364,11 @@ def test_collective_stepper_in_jupyterlab(lab, tmp_path):
 
 
 @pytest.mark.parametrize("lab", ["07_model_parallel.ipynb"], indirect=True)
-def test_pipeline_explorer_in_jupyterlab(lab, tmp_path):
+def test_pipeline_explorer_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 07's explorer: one more stage redraws both schedules and the bubble it states."""
     from mgpu_edu import pipeline
 
-    with _lesson_widget(lab, "07_model_parallel.ipynb", ".mgpu-pipeline", "pipeline explorer", tmp_path) as (
+    with _lesson_widget(lab, chromium, "07_model_parallel.ipynb", ".mgpu-pipeline", "pipeline explorer", tmp_path) as (
             page, explorer):
         p, m = int(_readout(explorer, "stages P")), int(_readout(explorer, "micro-batches M"))
         p_next = 7 if p == 8 else p + 1
@@ -368,9 +380,9 @@ def test_pipeline_explorer_in_jupyterlab(lab, tmp_path):
 
 
 @pytest.mark.parametrize("lab", ["08_performance.ipynb"], indirect=True)
-def test_scaling_simulator_in_jupyterlab(lab, tmp_path):
+def test_scaling_simulator_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 08's simulator: a slider and a toggle button each redraw the curves and the numbers."""
-    with _lesson_widget(lab, "08_performance.ipynb", ".mgpu-scaling", "scaling simulator", tmp_path) as (
+    with _lesson_widget(lab, chromium, "08_performance.ipynb", ".mgpu-scaling", "scaling simulator", tmp_path) as (
             page, simulator):
         replicas = int(_readout(simulator, "replicas up to"))
         _redraw(page, simulator, _press(page, simulator, "replicas up to", "ArrowRight"))
@@ -385,12 +397,13 @@ def test_scaling_simulator_in_jupyterlab(lab, tmp_path):
 
 #: Each widget the manifest lists, and the browser test above that drives it in its lesson.
 @pytest.mark.parametrize("lab", ["14_context_expert.ipynb"], indirect=True)
-def test_expert_load_in_jupyterlab(lab, tmp_path):
+def test_expert_load_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 14's expert load: the capacity-factor slider and the top-k toggle each redraw the bars and restate
     the capacity, as experts.capacity computes it for the lesson's 64 tokens and 8 experts."""
     from mgpu_edu import experts
 
-    with _lesson_widget(lab, "14_context_expert.ipynb", ".mgpu-experts", "expert load", tmp_path) as (page, load):
+    with _lesson_widget(lab, chromium, "14_context_expert.ipynb", ".mgpu-experts", "expert load", tmp_path) as (
+            page, load):
         factor = float(_readout(load, "capacity factor"))
         _redraw(page, load, _press(page, load, "capacity factor", "ArrowRight"))
         assert float(_readout(load, "capacity factor")) == factor + 0.25
@@ -404,12 +417,12 @@ def test_expert_load_in_jupyterlab(lab, tmp_path):
 
 
 @pytest.mark.parametrize("lab", ["16_capstone_3d.ipynb"], indirect=True)
-def test_planner_in_jupyterlab(lab, tmp_path):
+def test_planner_in_jupyterlab(lab, chromium, tmp_path):
     """Lesson 16's planner: the cap slider and the job menu each recount the layouts that fit, as planner.plan
     counts them."""
     from mgpu_edu import planner
 
-    with _lesson_widget(lab, "16_capstone_3d.ipynb", ".mgpu-planner", "planner", tmp_path) as (page, widget):
+    with _lesson_widget(lab, chromium, "16_capstone_3d.ipynb", ".mgpu-planner", "planner", tmp_path) as (page, widget):
         cap = int(_readout(widget, "GB sent ≤"))
         _redraw(page, widget, _press(page, widget, "GB sent ≤", "ArrowRight"))
         assert int(_readout(widget, "GB sent ≤")) == cap + 10

@@ -287,18 +287,27 @@ def browser():
         chromium.close()
 
 
-def _open(browser, url: str, base: str):
-    """A new page at url; returns it and the console errors and outside requests it made."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    errors: list[str] = []
-    outside: list[str] = []
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base)
-               else (outside.append(route.request.url), route.abort()))
-    page.goto(url, wait_until="load")
-    page.wait_for_function("() => [...document.images].every(img => img.complete)", timeout=30_000)
-    return page, errors, outside
+class _Tab:
+    """One browser tab that opens page after page, blocking every request outside ``base``; for the page it opened
+    last it keeps the console errors and the blocked requests. (A new tab for each page made Chromium work three
+    times as hard, 2.6 CPU-seconds a page: CONTRIBUTING.md, "What the twelfth session changed".)"""
+
+    def __init__(self, browser, base: str):
+        self.page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.outside: list[str] = []
+        self.page.on("console", lambda message: self.errors.append(message.text) if message.type == "error" else None)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base)
+                        else (self.outside.append(route.request.url), route.abort()))
+
+    def open(self, url: str):
+        """Go to url and wait until every image has loaded; returns the page."""
+        self.errors.clear()
+        self.outside.clear()
+        self.page.goto(url, wait_until="load")
+        self.page.wait_for_function("() => [...document.images].every(img => img.complete)", timeout=30_000)
+        return self.page
 
 
 def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(browser, served, edition):
@@ -312,8 +321,9 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
                       sum("image/png" in o.get("data", {}) for o in outputs),
                       sum(VIEW in o.get("data", {}) for o in outputs)))
     problems = []
+    tab = _Tab(browser, served)
     for path, title, figures, widgets in pages:
-        page, errors, outside = _open(browser, f"{served}/{path}", served)
+        page = tab.open(f"{served}/{path}")
         if widgets:
             page.wait_for_function("n => document.querySelectorAll('.cell_output .jupyter-widgets').length >= n",
                                    arg=widgets, timeout=30_000)
@@ -330,8 +340,8 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
         for raw in ("model_id", VIEW, "Error rendering widget", "Loading widget"):
             if raw in text:
                 problems.append(f"{path}: shows {raw!r}")
-        if errors or outside:
-            problems.append(f"{path}: console errors {errors[:3]}, outside requests {outside[:3]}")
+        if tab.errors or tab.outside:
+            problems.append(f"{path}: console errors {tab.errors[:3]}, outside requests {tab.outside[:3]}")
         cut = page.eval_on_selector_all("main pre", "blocks => blocks.filter(b => b.scrollWidth > b.clientWidth + 1)"
                                                     ".length")
         if cut:
@@ -339,16 +349,17 @@ def test_every_page_shows_its_title_figures_and_widgets_offline_in_chromium(brow
         if path.startswith(f"{_folder(edition)}/05") and edition == "learner":
             page.locator(".cell_output .jupyter-widgets").first.scroll_into_view_if_needed()
             page.screenshot(path=str(ROOT / "build" / "site-lesson-05.png"))
-        page.close()
+    tab.page.close()
     assert problems == []
     assert (ROOT / "build" / "site-lesson-05.png").stat().st_size > 10_000
 
 
 def test_search_finds_the_lessons(browser, served, edition):
-    page, errors, outside = _open(browser, f"{served}/search.html?q=MirroredStrategy", served)
+    tab = _Tab(browser, served)
+    page = tab.open(f"{served}/search.html?q=MirroredStrategy")
     page.wait_for_selector("#search-results ul.search li", timeout=30_000)
     found = page.eval_on_selector_all("#search-results ul.search li a",
                                       "links => links.map(a => a.getAttribute('href'))")
     page.close()
     assert sum(link.startswith(f"{_folder(edition)}/") for link in found) >= 3, found
-    assert errors == [] and outside == []
+    assert tab.errors == [] and tab.outside == []
