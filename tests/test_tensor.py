@@ -19,6 +19,14 @@ def model_and_batch(four_devices):
     return model, tokens, targets, tensor.model_gradients(model, tokens, targets)
 
 
+@pytest.fixture(scope="module")
+def traced_steps(model_and_batch, four_devices):
+    """Every traced step the tests below read, traced once each: {(t, sequence_parallel): tensor.TracedStep}."""
+    model, tokens, targets, _ = model_and_batch
+    return {(t, sp): tensor.trace_step(model, tokens, targets, four_devices[:t], sp)
+            for t, sp in [(1, False), (2, False), (4, False), (2, True), (4, True)]}
+
+
 def reference_slice(name, grad, t, d):
     """Device d's part of the one-device gradient of ``name``: its columns, its rows, or all of it."""
     cut = tensor.CUT[name.split("/")[1]] if "/" in name else "copied"
@@ -150,27 +158,25 @@ def test_every_result_stays_on_its_device(four_devices, model_and_batch, sequenc
 
 
 @pytest.mark.parametrize(("t", "sequence_parallel"), [(2, False), (4, False), (2, True), (4, True)])
-def test_only_the_collectives_cross_devices(four_devices, model_and_batch, t, sequence_parallel):
+def test_only_the_collectives_cross_devices(traced_steps, t, sequence_parallel):
     """In TensorFlow's traced graph of a whole step, the bytes each device receives from the others are exactly
     those the collectives' log counts: no hidden copy anywhere."""
-    model, tokens, targets, _ = model_and_batch
-    received, log = tensor.traffic(model, tokens, targets, four_devices[:t], sequence_parallel)
+    step = traced_steps[t, sequence_parallel]
+    received, log = step.received, step.log
     logged = [sum(trace.bytes_received[d] for *_, trace in log.records) for d in range(t)]
     assert logged[0] > 0
     assert [received[f"CPU:{d}"] for d in range(t)] == logged
 
 
-def test_kept_activations_split_as_korthikanti_et_al_say(four_devices, model_and_batch):
+def test_kept_activations_split_as_korthikanti_et_al_say(traced_steps):
     """Per device, in block 0: tensor parallelism divides what the split regions keep by t and leaves the copied
     regions whole; sequence parallelism divides those too; the split regions' inputs stay whole either way
     (the all-gathered input, which Megatron-LM gathers again in the backward pass instead of keeping)."""
-    model, tokens, targets, _ = model_and_batch
     s, b, h = 16, 2, 32
 
     def regions(t, sequence_parallel):
-        kept = tensor.kept_activations(model, tokens, targets, four_devices[:t], sequence_parallel)
         per = {}
-        for k in kept:
+        for k in traced_steps[t, sequence_parallel].kept:
             if k.scope(0) == "block0":
                 per.setdefault(k.device, {}).setdefault(k.scope(1), 0)
                 per[k.device][k.scope(1)] += k.nbytes

@@ -13,7 +13,8 @@ keeps more than this: every input and output of a recorded op that its gradient 
 
 :func:`bytes_between_devices` counts, in the same kind of graph, the bytes each device receives from
 another: each tensor made on one device and read on another is copied there once; so is a
-variable's or a captured tensor's value read on a device other than its own.
+variable's or a captured tensor's value read on a device other than its own. Tracing costs far more
+than reading: :func:`trace` traces a step once, and :func:`kept_in` and :func:`received_in` read it.
 """
 
 from __future__ import annotations
@@ -93,24 +94,24 @@ def kept_for_backward(forward: Callable[..., Any], backward: Callable[[Any], Any
         >>> [(k.op, k.shape, k.nbytes, k.read_by) for k in kept]  # doctest: +SKIP
         [('Relu', (8, 3), 96, ('ReluGrad',))]
     """
-    ops, made, gradients = _traced(forward, backward, *inputs)
-    live = _feeding(gradients, made)
-    readers: dict[str, list[str]] = collections.defaultdict(list)
-    tensors: dict[str, Any] = {}
-    for op in ops:
-        if op not in live or op.type in SHAPE_ONLY:
-            continue
-        for tensor in op.inputs:
-            if tensor.op in made and tensor.op.type not in NOT_ACTIVATIONS:
-                tensors[tensor.name] = tensor
-                readers[tensor.name].append(op.type)
-    return [Kept(name, tensor.op.type, short_device(tensor.op.device), tuple(tensor.shape.as_list()), _nbytes(tensor),
-                 tuple(sorted(set(readers[name])))) for name, tensor in tensors.items()]
+    return kept_in(trace(forward, backward, *inputs))
 
 
-def _traced(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any) -> tuple[list, set, Any]:
-    """Trace ``backward(forward(*inputs))`` as one ``tf.function`` (nothing runs): every op of the step, the set
-    of those the forward pass made, and the gradients (symbolic tensors of that graph)."""
+@dataclasses.dataclass(frozen=True)
+class Traced:
+    """A forward and a backward pass traced by TensorFlow as one ``tf.function`` (nothing ran): the graph's ops in
+    the order they were made, those the forward pass made, the gradients (symbolic tensors of that graph), and the
+    device of each value the function captured from outside (variables and tensors), by the inside tensor's ref."""
+
+    ops: list[Any]
+    made: set[Any]
+    gradients: Any
+    captured_on: dict[Any, str]
+
+
+def trace(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any) -> Traced:
+    """Trace ``backward(forward(*inputs))`` as one ``tf.function`` (nothing runs), to read with :func:`kept_in` and
+    :func:`received_in`: one trace answers both."""
     tf = quiet.import_tensorflow()
     seen: dict[str, Any] = {}
 
@@ -121,10 +122,28 @@ def _traced(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs
         seen["made"] = set(graph.get_operations())
         seen["gradients"] = backward(result)
         seen["ops"] = list(graph.get_operations())  # before tf.function adds the outputs' identities
+        seen["captured_on"] = {inside.ref(): short_device(getattr(value, "device", "") or "")
+                               for value, inside in graph.captures}  # each captured tensor's (or variable's) device
         return seen["gradients"]
 
     step.get_concrete_function(*inputs)
-    return seen["ops"], seen["made"], seen["gradients"]
+    return Traced(seen["ops"], seen["made"], seen["gradients"], seen["captured_on"])
+
+
+def kept_in(traced: Traced) -> list[Kept]:
+    """What :func:`kept_for_backward` returns, read from a step already traced (:func:`trace`)."""
+    live = _feeding(traced.gradients, traced.made)
+    readers: dict[str, list[str]] = collections.defaultdict(list)
+    tensors: dict[str, Any] = {}
+    for op in traced.ops:
+        if op not in live or op.type in SHAPE_ONLY:
+            continue
+        for tensor in op.inputs:
+            if tensor.op in traced.made and tensor.op.type not in NOT_ACTIVATIONS:
+                tensors[tensor.name] = tensor
+                readers[tensor.name].append(op.type)
+    return [Kept(name, tensor.op.type, short_device(tensor.op.device), tuple(tensor.shape.as_list()), _nbytes(tensor),
+                 tuple(sorted(set(readers[name])))) for name, tensor in tensors.items()]
 
 
 def _feeding(outputs: Any, made: set[Any]) -> set[Any]:
@@ -145,11 +164,11 @@ def op_devices(forward: Callable[..., Any], backward: Callable[[Any], Any], *inp
     """Where the ops of a traced forward and backward pass ask to run: {"forward": {device: ops},
     "backward": {device: ops}}, "" for an op that names no device (TensorFlow then places it itself).
     Constants and inputs are not counted."""
-    ops, made, _ = _traced(forward, backward, *inputs)
+    traced = trace(forward, backward, *inputs)
     counts: dict[str, dict[str, int]] = {"forward": collections.Counter(), "backward": collections.Counter()}
-    for op in ops:
+    for op in traced.ops:
         if op.type not in ("Const", "Placeholder"):
-            counts["forward" if op in made else "backward"][short_device(op.device)] += 1
+            counts["forward" if op in traced.made else "backward"][short_device(op.device)] += 1
     return {phase: dict(sorted(c.items())) for phase, c in counts.items()}
 
 
@@ -170,33 +189,28 @@ def bytes_between_devices(fn: Callable[..., Any], *inputs: Any) -> dict[str, int
     copied too. The function's inputs, whose device TensorFlow chooses, are not counted. Returns
     {device: bytes received}, devices short ("CPU:1").
     """
+    return received_in(trace(fn, lambda result: result, *inputs))
+
+
+def received_in(traced: Traced) -> dict[str, int]:
+    """What :func:`bytes_between_devices` returns, read from a step already traced (:func:`trace`): every op of
+    the forward and the backward pass counts."""
     tf = quiet.import_tensorflow()
     received: dict[str, int] = collections.defaultdict(int)
 
-    @tf.function(autograph=False)
-    def step(*args: Any) -> Any:
-        graph = tf.compat.v1.get_default_graph()
-        result = fn(*args)
-        outside = {inside.ref(): short_device(getattr(value, "device", "") or "")
-                   for value, inside in graph.captures}  # each captured tensor's (or variable's) own device
+    def home(tensor: Any) -> str:
+        if tensor.ref() in traced.captured_on:
+            return traced.captured_on[tensor.ref()]
+        if tensor.op.type == "ReadVariableOp" and not tensor.op.device:  # read where the variable lives
+            return home(tensor.op.inputs[0])
+        return short_device(tensor.op.device)
 
-        def home(tensor: Any) -> str:
-            if tensor.ref() in outside:
-                return outside[tensor.ref()]
-            if tensor.op.type == "ReadVariableOp" and not tensor.op.device:  # read where the variable lives
-                return home(tensor.op.inputs[0])
-            return short_device(tensor.op.device)
-
-        copies: set[tuple[str, str]] = set()
-        for op in graph.get_operations():
-            there = short_device(op.device) if op.device or op.type != "ReadVariableOp" else home(op.inputs[0])
-            for tensor in op.inputs:
-                here = home(tensor)
-                if here and there and here != there and tensor.dtype != tf.resource \
-                        and (tensor.name, there) not in copies:
-                    copies.add((tensor.name, there))
-                    received[there] += _nbytes(tensor)
-        return result
-
-    step.get_concrete_function(*inputs)
+    copies: set[tuple[str, str]] = set()
+    for op in traced.ops:
+        there = short_device(op.device) if op.device or op.type != "ReadVariableOp" else home(op.inputs[0])
+        for tensor in op.inputs:
+            here = home(tensor)
+            if here and there and here != there and tensor.dtype != tf.resource and (tensor.name, there) not in copies:
+                copies.add((tensor.name, there))
+                received[there] += _nbytes(tensor)
     return dict(sorted(received.items()))

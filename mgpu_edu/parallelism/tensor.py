@@ -16,11 +16,11 @@ block costs two all-reduces of its activations (b·s·h values) forward and two 
 Everything runs in one Python process on logical devices with :mod:`mgpu_edu.collectives`. A
 :class:`SplitTape` plays each GPU's own autodiff: every device records its work on its own
 ``tf.GradientTape``, and the operators at the regions' edges are explicit collectives going forward
-and coming back, so a tensor crosses devices only inside a collective (:func:`traffic` checks it in
+and coming back, so a tensor crosses devices only inside a collective (:func:`trace_step` checks it in
 TensorFlow's traced graph). Each device keeps its own copy of the copied weights and computes its own
 loss, as each GPU of a real job would, so the gradient each copy gets is the gradient one device would
 get. :func:`forward_and_gradients` returns everything needed to compare the split model with the
-one-device model, weight by weight; :func:`kept_activations` lists what TensorFlow keeps for the
+one-device model, weight by weight; :func:`trace_step` also lists what TensorFlow keeps for the
 backward pass on each device.
 """
 
@@ -438,32 +438,29 @@ def forward_and_gradients(model: Any, tokens: Any, targets: Any, devices: Sequen
     return SplitRun(logits, loss, gradients, tape.log, [dict(c) for c in copies], sequence_parallel, block_inputs)
 
 
-def kept_activations(model: Any, tokens: Any, targets: Any, devices: Sequence[str],
-                     sequence_parallel: bool = False) -> list[Any]:
-    """What TensorFlow keeps for the backward pass of the split model, tensor by tensor (:class:`graphs.Kept`),
-    read from its traced graph (nothing runs).
+@dataclasses.dataclass
+class TracedStep:
+    """One training step of the split model, traced by TensorFlow (nothing ran), read two ways."""
 
-    Each tensor's name scopes say where it was made: ``block0/copied/…`` (LayerNorms and residuals,
-    copied on every device, or with sequence parallelism on its chunk), ``block0/edge/…`` (what
-    the region operators hand to the split region: each device's copy, or the all-gathered input),
-    ``block0/split/…`` (attention and the MLP on the device's heads and columns); the embeddings and
-    the head have no block scope.
+    received: dict[str, int]  #: bytes each device receives from the others in the traced graph ("CPU:1": …)
+    log: CommLog  #: the collectives the step ran, as the split model logged them
+    kept: list[Any]  #: what TensorFlow keeps for the backward pass, tensor by tensor (graphs.Kept)
+
+
+def trace_step(model: Any, tokens: Any, targets: Any, devices: Sequence[str],
+               sequence_parallel: bool = False) -> TracedStep:
+    """Trace one training step of ``model`` (a TinyGPT) split over ``devices``, forward and backward, as one
+    ``tf.function`` (nothing runs), and read TensorFlow's graph of it two ways.
+
+    ``received``: the bytes each device receives from the others (:func:`graphs.received_in`), to compare with
+    ``log``, the collectives the step ran: they agree when every tensor that crosses devices does so inside a
+    collective, whose bytes the log counts. ``kept``: every tensor the backward pass reads from the forward pass
+    (:func:`graphs.kept_in`), with its device and the name scopes it was made in: ``block0/copied/…``
+    (LayerNorms and residuals, copied on every device, or with sequence parallelism on its chunk),
+    ``block0/edge/…`` (what the region operators hand to the split region: each device's copy, or the
+    all-gathered input), ``block0/split/…`` (attention and the MLP on the device's heads and columns); the
+    embeddings and the head have no block scope.
     """
-    from mgpu_edu.analysis import graphs
-
-    devices = list(devices)
-    _check_split(model, tokens, devices, sequence_parallel)
-    copies = device_copies(model, devices)
-    return graphs.kept_for_backward(
-        lambda x, y: split_forward(model, copies, x, y, devices, sequence_parallel),
-        lambda forward: split_backward(forward[0], forward[2], copies, sequence_parallel), tokens, targets)
-
-
-def traffic(model: Any, tokens: Any, targets: Any, devices: Sequence[str],
-            sequence_parallel: bool = False) -> tuple[dict[str, int], CommLog]:
-    """One training step's traffic two ways: the bytes each device receives from the others in TensorFlow's
-    traced graph (:func:`graphs.bytes_between_devices`), and the log of the collectives the step ran. They
-    agree when every tensor that crosses devices does so inside a collective, whose bytes the log counts."""
     from mgpu_edu.analysis import graphs
 
     devices = list(devices)
@@ -471,13 +468,14 @@ def traffic(model: Any, tokens: Any, targets: Any, devices: Sequence[str],
     copies = device_copies(model, devices)
     logs: list[CommLog] = []
 
-    def step(x: Any, y: Any) -> Any:
-        tape, _, losses, _ = split_forward(model, copies, x, y, devices, sequence_parallel)
-        logs.append(tape.log)
-        return split_backward(tape, losses, copies, sequence_parallel)
+    def forward(x: Any, y: Any) -> Any:
+        result = split_forward(model, copies, x, y, devices, sequence_parallel)
+        logs.append(result[0].log)  # the tape's log, which the backward pass adds to
+        return result
 
-    received = graphs.bytes_between_devices(step, tokens, targets)
-    return received, logs[-1]
+    traced = graphs.trace(forward, lambda result: split_backward(result[0], result[2], copies, sequence_parallel),
+                          tokens, targets)
+    return TracedStep(graphs.received_in(traced), logs[-1], graphs.kept_in(traced))
 
 
 def formula_bytes_per_block(t: int, seq: int, batch: int, hidden: int, itemsize: int = 4) -> float:
