@@ -293,6 +293,7 @@ class _Tab:
     times as hard, 2.6 CPU-seconds a page: CONTRIBUTING.md, "What the twelfth session changed".)"""
 
     def __init__(self, browser, base: str):
+        self.base = base
         self.page = browser.new_page(viewport={"width": 1280, "height": 900})
         self.errors: list[str] = []
         self.outside: list[str] = []
@@ -302,7 +303,10 @@ class _Tab:
                         else (self.outside.append(route.request.url), route.abort()))
 
     def open(self, url: str):
-        """Go to url and wait until every image has loaded; returns the page."""
+        """Go to url, as a new tab would, with nothing stored by the last page, and wait until every image has
+        loaded; returns the page."""
+        if self.page.url.startswith(self.base):  # the theme keeps its choices (banner, colours) in the page's storage
+            self.page.evaluate("() => { localStorage.clear(); sessionStorage.clear(); }")
         self.errors.clear()
         self.outside.clear()
         self.page.goto(url, wait_until="load")
