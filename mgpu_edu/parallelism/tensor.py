@@ -16,12 +16,12 @@ block costs two all-reduces of its activations (b·s·h values) forward and two 
 Everything runs in one Python process on logical devices with :mod:`mgpu_edu.collectives`. A
 :class:`SplitTape` plays each GPU's own autodiff: every device records its work on its own
 ``tf.GradientTape``, and the operators at the regions' edges are explicit collectives going forward
-and coming back, so a tensor crosses devices only inside a collective (:func:`trace_step` checks it in
-TensorFlow's traced graph). Each device keeps its own copy of the copied weights and computes its own
-loss, as each GPU of a real job would, so the gradient each copy gets is the gradient one device would
-get. :func:`forward_and_gradients` returns everything needed to compare the split model with the
-one-device model, weight by weight; :func:`trace_step` also lists what TensorFlow keeps for the
-backward pass on each device.
+and coming back, so a tensor crosses devices only inside a collective (:func:`trace_step` reads it from
+TensorFlow's traced graph, to compare with the log). Each device keeps its own copy of the copied
+weights and computes its own loss, as each GPU of a real job would, so the gradient each copy gets is
+the gradient one device would get. :func:`forward_and_gradients` returns everything needed to compare
+the split model with the one-device model, weight by weight; :func:`trace_step` also lists what
+TensorFlow keeps for the backward pass on each device.
 """
 
 from __future__ import annotations
@@ -443,7 +443,7 @@ class TracedStep:
     """One training step of the split model, traced by TensorFlow (nothing ran), read two ways."""
 
     received: dict[str, int]  #: bytes each device receives from the others in the traced graph ("CPU:1": …)
-    log: CommLog  #: the collectives the step ran, as the split model logged them
+    log: CommLog  #: the collectives the traced step runs, as the split model logged them while it was traced
     kept: list[Any]  #: what TensorFlow keeps for the backward pass, tensor by tensor (graphs.Kept)
 
 
@@ -453,7 +453,7 @@ def trace_step(model: Any, tokens: Any, targets: Any, devices: Sequence[str],
     ``tf.function`` (nothing runs), and read TensorFlow's graph of it two ways.
 
     ``received``: the bytes each device receives from the others (:func:`graphs.received_in`), to compare with
-    ``log``, the collectives the step ran: they agree when every tensor that crosses devices does so inside a
+    ``log``, the collectives the traced step runs: they agree when every tensor that crosses devices does so inside a
     collective, whose bytes the log counts. ``kept``: every tensor the backward pass reads from the forward pass
     (:func:`graphs.kept_in`), with its device and the name scopes it was made in: ``block0/copied/…``
     (LayerNorms and residuals, copied on every device, or with sequence parallelism on its chunk),
