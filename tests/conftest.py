@@ -240,7 +240,7 @@ FIRST = (
     "tests/test_cluster.py",  # 40, mostly waiting for processes to stop
     "tests/test_keras_facts.py",  # 37
     "tests/test_tradeoffs.py", "tests/test_allreduce.py",  # 33 each
-    "tests/test_tensor.py", "tests/test_data.py",  # 25, 23
+    "tests/test_tensor.py", "tests/test_data.py",  # 25 (21 since it traces each step once), 23
     "tests/test_devices.py", "tests/test_sharding.py", "tests/test_cli.py",  # 16 to 17
     "tests/test_collectives.py", "tests/test_offline.py",  # 15 each
 )
