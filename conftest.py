@@ -35,6 +35,30 @@ ROOT = Path(__file__).resolve().parent
 UNTRACKED_AT_START = _untracked()
 
 
+def load_warm_kernels():
+    """tests/warm_kernels.py as a module (this file serves `pytest lessons` too, where tests/ isn't on the path)."""
+    spec = importlib.util.spec_from_file_location("warm_kernels", ROOT / "tests" / "warm_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# MGPU_EDU_WARM_KERNELS=1 (the Colab-like lessons in make test: .ci/env-colab): nbval's kernels run this
+# environment's Python, forked from a process that has imported TensorFlow and Keras (tests/warm_kernels.py),
+# instead of each importing them again.
+_WARM_KERNELS = []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    if os.environ.get("MGPU_EDU_WARM_KERNELS") == "1" and hasattr(config.option, "nbval_kernel_name"):
+        kernels = load_warm_kernels().warm_kernels()
+        kernels.__enter__()
+        _WARM_KERNELS.append(kernels)
+        config.option.nbval_current_env = False  # this Python, through the kernel spec warm_kernels() writes
+        config.option.nbval_kernel_name = "python3"
+
+
 def pytest_collectstart(collector):
     """Don't compare stderr in lessons: TensorFlow writes different start-up lines there
     under nbval than in JupyterLab. stdout and rich outputs of checked cells still count."""
@@ -90,6 +114,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     Lessons and tests may write only to temporary folders and git-ignored ones (lessons/_scratch).
     """
+    while _WARM_KERNELS:
+        _WARM_KERNELS.pop().__exit__(None, None, None)
     problems = []
     attempts = NETWORK_LOG.read_text(encoding="utf-8").splitlines() if NETWORK_LOG.exists() else []
     NETWORK_LOG.unlink(missing_ok=True)

@@ -14,6 +14,9 @@
   gets full points, and one whose locked checks were edited zero (nbgrader restores them);
 - ``nbgrader generate_feedback`` writes an HTML report for each.
 
+The kernels of the runs above are forked from one process that has imported TensorFlow and Keras
+(``tests/warm_kernels.py``): each starts without importing them again.
+
 The scores go to build/nbgrader/scores.md (git-ignored), for the record. Every test here is marked
 ``lessons``: it runs whole lessons (``make check`` and the oldest-Python job leave them out).
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from warm_kernels import warm_kernels
 
 from mgpu_edu import assignments, course, markers
 
@@ -122,7 +126,8 @@ def graded(released, executions) -> Path:
     for file in FILES:
         stem = file.removesuffix(".ipynb")
         submit(released, "untouched", stem, nbformat.read(released / "release" / stem / file, as_version=4))
-    nbgrader("autograde", "*", "--student", "untouched", cwd=released)
+    with warm_kernels():  # forked from a process that has imported TensorFlow (tests/warm_kernels.py)
+        nbgrader("autograde", "*", "--student", "untouched", cwd=released)
     for file in FILES:
         executions("student version", file)
     # two students on lesson 03's exercises: one solved the handed-out copy, one "fixed" its locked checks instead
@@ -137,7 +142,8 @@ def graded(released, executions) -> Path:
             cell.source = "feedback = 'correct'"
     submit(released, "solved", EXERCISES, solved)
     submit(released, "edited", EXERCISES, edited)
-    nbgrader("autograde", EXERCISES, cwd=released)
+    with warm_kernels():
+        nbgrader("autograde", EXERCISES, cwd=released)
     nbgrader("generate_feedback", "*", cwd=released)
     scores = {}
     with gradebook(released) as gb:
