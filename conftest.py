@@ -52,11 +52,20 @@ _WARM_KERNELS = []
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     if os.environ.get("MGPU_EDU_WARM_KERNELS") == "1" and hasattr(config.option, "nbval_kernel_name"):
-        kernels = load_warm_kernels().warm_kernels()
+        module = load_warm_kernels()
+        kernels = module.warm_kernels()
         kernels.__enter__()
-        _WARM_KERNELS.append(kernels)
+        _WARM_KERNELS.append((module, kernels))
         config.option.nbval_current_env = False  # this Python, through the kernel spec warm_kernels() writes
         config.option.nbval_kernel_name = "python3"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Name the notebook whose kernel nbval may start next (a notebook that must import TensorFlow itself gets
+    a kernel started as usual: tests/warm_kernels.py)."""
+    if _WARM_KERNELS and item.nodeid.split("::")[0].endswith(".ipynb"):
+        os.environ[_WARM_KERNELS[0][0].NOTEBOOK_VARIABLE] = str(item.path)
 
 
 def pytest_collectstart(collector):
@@ -115,7 +124,9 @@ def pytest_sessionfinish(session, exitstatus):
     Lessons and tests may write only to temporary folders and git-ignored ones (lessons/_scratch).
     """
     while _WARM_KERNELS:
-        _WARM_KERNELS.pop().__exit__(None, None, None)
+        module, kernels = _WARM_KERNELS.pop()
+        kernels.__exit__(None, None, None)
+        os.environ.pop(module.NOTEBOOK_VARIABLE, None)
     problems = []
     attempts = NETWORK_LOG.read_text(encoding="utf-8").splitlines() if NETWORK_LOG.exists() else []
     NETWORK_LOG.unlink(missing_ok=True)

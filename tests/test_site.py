@@ -264,10 +264,17 @@ def test_the_vendored_javascript_is_what_its_sources_file_lists():
 @pytest.fixture(scope="module")
 def served(site):
     handler = functools.partial(_QuietHandler, directory=str(site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """Say nothing when the tab moved on to the next page while a file of the last one was still sent."""
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

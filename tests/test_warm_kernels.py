@@ -19,9 +19,10 @@ import pytest
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
-from warm_kernels import warm_kernels
+from warm_kernels import NOTEBOOK_VARIABLE, SUPPORTED, warm_kernels
 
-pytestmark = pytest.mark.processes
+pytestmark = [pytest.mark.processes,
+              pytest.mark.skipif(not SUPPORTED, reason="kernels are forked on Linux only (tests/warm_kernels.py)")]
 
 # A step of training on four logical CPUs under MirroredStrategy; prints the loss (the same code in a fresh
 # Python and in a forked kernel).
@@ -179,3 +180,37 @@ def test_a_failing_cell_fails_the_notebook_and_the_network_stays_blocked(zygote,
         NotebookClient(nb, timeout=300, kernel_name="python3").execute()
     assert "offline guard" in nb.cells[0].outputs[0]["text"]  # the guard, set up in the zygote, came with the fork
     assert "example.com" in log.read_text()
+
+
+def notebook(*sources: str):
+    return nbformat.v4.new_notebook(
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        cells=[nbformat.v4.new_code_cell(source) for source in sources])
+
+
+STARTS = "import sys\nprint('tensorflow' in sys.modules)"  # before any line of the notebook imported it
+
+
+def test_a_notebook_that_must_run_before_tensorflows_import_gets_a_fresh_kernel(zygote, tmp_path, monkeypatch):
+    """meshes.record_collectives sets variables TensorFlow reads as it loads: in a forked kernel it refuses, so a
+    notebook that calls it gets a kernel started as usual, whether nbval names it or it is alone in its folder."""
+    forked = notebook(STARTS, "from mgpu_edu import meshes\ngetattr(meshes, 'record_' + 'collectives')()")
+    with pytest.raises(CellExecutionError, match="must run before TensorFlow starts"):
+        NotebookClient(forked, timeout=300, kernel_name="python3").execute()
+    assert forked.cells[0].outputs[0]["text"] == "True\n"
+
+    lessons = tmp_path / "lessons"  # several notebooks in the folder, as nbval runs lessons/: it names the one
+    lessons.mkdir()
+    nbformat.write(notebook("print(1)"), lessons / "other.ipynb")
+    fresh = notebook(STARTS, "from mgpu_edu import meshes\nprint(meshes.record_collectives().is_dir())")
+    nbformat.write(fresh, lessons / "mesh.ipynb")
+    monkeypatch.setenv(NOTEBOOK_VARIABLE, str(lessons / "mesh.ipynb"))
+    NotebookClient(fresh, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(lessons)}}).execute()
+    assert [cell.outputs[0]["text"] for cell in fresh.cells] == ["False\n", "True\n"]
+
+    alone = tmp_path / "graded"  # one notebook in the kernel's folder, as nbgrader runs each
+    alone.mkdir()
+    nbformat.write(fresh, alone / "mesh.ipynb")
+    monkeypatch.delenv(NOTEBOOK_VARIABLE)
+    NotebookClient(fresh, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(alone)}}).execute()
+    assert [cell.outputs[0]["text"] for cell in fresh.cells] == ["False\n", "True\n"]

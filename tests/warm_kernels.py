@@ -24,9 +24,18 @@ How a kernel starts here:
   itself; if the client that started the launcher dies, the launcher kills the kernel, as ipykernel's parent
   poller would have.
 
+A notebook that calls a function which must run before TensorFlow is imported (``BEFORE_TENSORFLOW``:
+``meshes.record_collectives`` sets variables TensorFlow reads as it loads) gets a kernel started as a client
+starts one: the launcher becomes ``python -m ipykernel_launcher`` (exec). The launcher reads the notebook
+``MGPU_EDU_KERNEL_NOTEBOOK`` names (the root ``conftest.py`` sets it for each notebook nbval runs) or else the
+one notebook in the kernel's folder (nbgrader runs each in a folder of its own).
+
 The kernel's environment is the launcher's, plus the variables the zygote's imports set (``mgpu_edu`` sets
 ``TF_CPP_MIN_LOG_LEVEL`` as it imports TensorFlow): what a fresh kernel's environment is after its first
-cells.
+cells. NumPy's global random generator is reseeded from the OS, as a fresh process seeds it.
+
+Linux only: elsewhere :func:`warm_kernels` changes nothing and kernels start as usual (on macOS a process that
+has loaded Apple's frameworks must not fork without exec).
 """
 
 from __future__ import annotations
@@ -42,6 +51,27 @@ import sys
 #: Signals the launcher passes on to the kernel's process group.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 SOCKET_VARIABLE = "MGPU_EDU_KERNEL_ZYGOTE"
+NOTEBOOK_VARIABLE = "MGPU_EDU_KERNEL_NOTEBOOK"
+SUPPORTED = sys.platform == "linux"
+#: Calls that must come before TensorFlow's import: a notebook that makes one gets a fresh kernel.
+BEFORE_TENSORFLOW = ("record_collectives(",)
+
+
+def needs_fresh_kernel(notebook: str) -> bool:
+    """Whether a code cell of the notebook calls something that must run before TensorFlow is imported."""
+    with open(notebook, encoding="utf-8") as file:
+        cells = json.load(file)["cells"]
+    sources = ("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
+    return any(call in source for source in sources for call in BEFORE_TENSORFLOW)
+
+
+def _notebook() -> str | None:
+    """The notebook this kernel is for, where the client says or the kernel's folder shows."""
+    named = os.environ.get(NOTEBOOK_VARIABLE)
+    if named:
+        return named
+    here = [name for name in os.listdir() if name.endswith(".ipynb")]
+    return here[0] if len(here) == 1 else None
 
 
 # ----- the launcher: the process a Jupyter client starts as its kernel -------------------------------------
@@ -69,6 +99,9 @@ def _receive(conn: socket.socket, max_fds: int = 0) -> tuple[dict | None, list[i
 
 def launch(argv: list[str]) -> int:
     """Ask the zygote for a kernel with these ipykernel arguments; pass signals on; return its exit status."""
+    notebook = _notebook()
+    if notebook and needs_fresh_kernel(notebook):  # this process becomes the kernel, as the client would start it
+        os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", *argv])
     path = os.environ.get(SOCKET_VARIABLE)
     if not path:
         sys.exit(f"{SOCKET_VARIABLE} is not set: start kernels through warm_kernels() (tests/warm_kernels.py)")
@@ -122,6 +155,11 @@ def _become_kernel(conn: socket.socket, request: dict, fds: list[int], zygotes: 
     os.environ.update({**request["env"], **added})
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` sets it
+    # A fresh process seeds NumPy's global generator from the OS; every fork would share the zygote's (the
+    # standard library's `random` reseeds itself in a forked child)
+    import numpy
+
+    numpy.random.seed()
 
     import threading
 
@@ -209,7 +247,10 @@ def serve(listening_fd: int) -> None:
 @contextlib.contextmanager
 def warm_kernels():
     """Inside the block, Jupyter clients of this process and its children start ``python3`` kernels forked
-    from a zygote that runs this Python; the zygote is stopped at the end."""
+    from a zygote that runs this Python; the zygote is stopped at the end. Not on Linux: nothing changes."""
+    if not SUPPORTED:
+        yield
+        return
     import subprocess
     import tempfile
 
