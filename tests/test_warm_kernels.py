@@ -41,6 +41,9 @@ print(repr([float(v) for v in history.history["loss"]]), strategy.num_replicas_i
 """
 
 
+STARTS = "import sys\nprint('tensorflow' in sys.modules)"  # before any line of the notebook imported it
+
+
 @pytest.fixture(scope="module")
 def zygote():
     with warm_kernels():
@@ -71,7 +74,10 @@ def run(client, code: str, timeout: float = 300) -> tuple[str, dict]:
 def gone(pid: int, within_s: float = 120) -> bool:
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
-        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
             return True
         time.sleep(0.2)
     return False
@@ -117,17 +123,29 @@ def test_each_forked_kernel_sets_up_its_own_devices(zygote):
 def test_a_shutdown_ends_the_kernel_and_the_launcher_exits_as_it_did(zygote):
     manager, client = start()
     printed, _ = run(client, "import os; print(os.getpid())")
+    launcher = manager.provisioner.process  # the client's own handle on the process it started
     manager.shutdown_kernel()
-    assert gone(int(printed))
-    assert manager.provisioner is None or manager.provisioner.process is None or \
-        manager.provisioner.process.returncode == 0
+    assert gone(int(printed)) and launcher.returncode == 0
+
+
+def test_a_kernel_killed_by_a_signal_ends_its_launcher_by_the_same_signal(zygote):
+    manager, client = start()
+    printed, _ = run(client, "import os; print(os.getpid())")
+    launcher = manager.provisioner.process
+    os.kill(int(printed), 9)  # as the out-of-memory killer would
+    assert launcher.wait(timeout=120) == -9
+    client.stop_channels()
+    manager.cleanup_resources()
 
 
 def test_an_interrupt_reaches_the_running_cell(zygote):
     manager, client = start()
     try:
-        message = client.execute("import time\nfor _ in range(600): time.sleep(0.1)")
-        time.sleep(2)
+        message = client.execute("import time\nprint('running', flush=True)\nfor _ in range(600): time.sleep(0.1)")
+        while True:  # interrupt once the cell runs (an idle kernel ignores SIGINT)
+            output = client.get_iopub_msg(timeout=120)
+            if output["msg_type"] == "stream" and "running" in output["content"]["text"]:
+                break
         manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=120)
         while reply["parent_header"]["msg_id"] != message:  # the replies wait_for_ready left unread
@@ -139,11 +157,35 @@ def test_an_interrupt_reaches_the_running_cell(zygote):
         manager.shutdown_kernel()
 
 
-def test_killing_the_launcher_ends_the_kernel(zygote):
+def test_killing_the_launcher_ends_the_kernel_even_while_it_computes(zygote):
     manager, client = start()
     printed, _ = run(client, "import os; print(os.getpid())")
+    client.execute("sum(range(10**11))")  # holds the kernel's interpreter for minutes
+    time.sleep(1)
     manager.shutdown_kernel(now=True)  # SIGKILL to the client's process (its process group), which can't pass it on
     assert gone(int(printed))
+
+
+def test_each_forked_kernel_draws_its_own_random_numbers(zygote):
+    draws = []
+    for _ in range(2):
+        manager, client = start()
+        try:
+            printed, _ = run(client, "import numpy as np, random\nprint(np.random.rand(), random.random())")
+        finally:
+            manager.shutdown_kernel()
+        draws.append(printed.split())
+    assert draws[0][0] != draws[1][0] and draws[0][1] != draws[1][1]
+
+
+def test_a_client_that_sets_a_start_up_variable_otherwise_gets_a_fresh_kernel(zygote):
+    """MGPU_EDU_TF_LOGS=1 asks for TensorFlow's start-up lines, which only an import after it can show."""
+    manager, client = start(env={**os.environ, "MGPU_EDU_TF_LOGS": "1"})
+    try:
+        printed, _ = run(client, STARTS)
+    finally:
+        manager.shutdown_kernel()
+    assert printed == "False\n"
 
 
 def test_a_kernel_whose_client_dies_ends(zygote):
@@ -188,7 +230,6 @@ def notebook(*sources: str):
         cells=[nbformat.v4.new_code_cell(source) for source in sources])
 
 
-STARTS = "import sys\nprint('tensorflow' in sys.modules)"  # before any line of the notebook imported it
 
 
 def test_a_notebook_that_must_run_before_tensorflows_import_gets_a_fresh_kernel(zygote, tmp_path, monkeypatch):
