@@ -236,7 +236,7 @@ def pytest_runtest_teardown(item, nextitem):
 FIRST = (
     "tests/test_nbgrader.py", "tests/test_site.py",
     "tests/test_mirrored.py",  # 158
-    "tests/test_warm_kernels.py",  # 77 beside other work: a zygote's imports, then twelve kernels
+    "tests/test_warm_kernels.py",  # 77 beside other work: a zygote's imports, then fourteen kernels (three fresh)
     "tests/test_meshes.py",  # 54
     "tests/test_cluster.py",  # 40, mostly waiting for processes to stop
     "tests/test_keras_facts.py",  # 37

@@ -15,7 +15,8 @@
 - ``nbgrader generate_feedback`` writes an HTML report for each.
 
 The kernels of the runs above are forked from one process that has imported TensorFlow and Keras
-(``tests/warm_kernels.py``): each starts without importing them again.
+(``tests/warm_kernels.py``): each starts without importing them again, but those of lessons 15 and 16,
+which must import TensorFlow themselves.
 
 The scores go to build/nbgrader/scores.md (git-ignored), for the record. Every test here is marked
 ``lessons``: it runs whole lessons (``make check`` and the oldest-Python job leave them out).

@@ -1,7 +1,7 @@
 """Lesson kernels forked from a process that has imported TensorFlow and Keras already.
 
-A lesson kernel's first cell imports TensorFlow and Keras before its first line of its own (4 to 9
-CPU-seconds on this machine, the more the busier it is); ``make test`` starts some forty kernels. Where a run
+A lesson kernel's first cell imports TensorFlow and Keras before its first line of its own (7.7
+CPU-seconds in one process beside a test run here); ``make test`` starts some forty kernels. Where a run
 only needs each lesson's cells to run in the right environment (the Colab-like lessons, the student versions
 under nbgrader), each kernel is instead forked from one process that has done those imports (a zygote, as
 Android starts its apps). The Binder-like lessons, whose times and memory are the budget table, and
