@@ -125,6 +125,9 @@ def test_a_shutdown_ends_the_kernel_and_the_launcher_exits_as_it_did(zygote):
     manager, client = start()
     printed, _ = run(client, "import os; print(os.getpid())")
     launcher = manager.provisioner.process  # the client's own handle on the process it started
+    # time to end on a busy machine: after half of it the client sends SIGTERM, which the kernel would then
+    # end by (and its launcher with it, as it should)
+    manager.shutdown_wait_time = 600
     manager.shutdown_kernel()
     assert gone(int(printed)) and launcher.returncode == 0
 
