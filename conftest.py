@@ -17,8 +17,17 @@ OFFLINE_GUARD = Path(__file__).resolve().parent / "tests" / "offline"
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(OFFLINE_GUARD), os.environ.get("PYTHONPATH")) if p)
 NETWORK_LOG = Path(tempfile.mkstemp(prefix="mgpu-edu-network-", suffix=".log")[1])
 os.environ["MGPU_EDU_NETWORK_LOG"] = str(NETWORK_LOG)
-_spec = importlib.util.spec_from_file_location("mgpu_edu_offline_guard", OFFLINE_GUARD / "sitecustomize.py")
-_spec.loader.exec_module(importlib.util.module_from_spec(_spec))  # and pytest itself
+
+
+def load_module(name: str, path: Path):
+    """A Python file as a module (this file serves `pytest lessons` too, where tests/ isn't on the path)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+load_module("mgpu_edu_offline_guard", OFFLINE_GUARD / "sitecustomize.py")  # and pytest itself
 
 
 def _untracked() -> set[str] | None:
@@ -35,14 +44,6 @@ ROOT = Path(__file__).resolve().parent
 UNTRACKED_AT_START = _untracked()
 
 
-def load_warm_kernels():
-    """tests/warm_kernels.py as a module (this file serves `pytest lessons` too, where tests/ isn't on the path)."""
-    spec = importlib.util.spec_from_file_location("warm_kernels", ROOT / "tests" / "warm_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # MGPU_EDU_WARM_KERNELS=1 (the Colab-like lessons in make test: .ci/env-colab): nbval's kernels run this
 # environment's Python, forked from a process that has imported TensorFlow and Keras (tests/warm_kernels.py),
 # instead of each importing them again.
@@ -52,7 +53,7 @@ _WARM_KERNELS = []
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     if os.environ.get("MGPU_EDU_WARM_KERNELS") == "1" and hasattr(config.option, "nbval_kernel_name"):
-        module = load_warm_kernels()
+        module = load_module("warm_kernels", ROOT / "tests" / "warm_kernels.py")
         kernels = module.warm_kernels()
         kernels.__enter__()
         _WARM_KERNELS.append((module, kernels))
