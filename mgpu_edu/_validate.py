@@ -51,6 +51,8 @@ def whole_number(name: str, value: Any, example: int | None = None, minimum: int
         ...
         mgpu_edu._validate.BadArgument: replicas=0 must be a whole number of at least 1, e.g. replicas=2.
     """
+    if type(value) is int and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+        return value  # the common case, without the abstract-class checks below (the planner calls this often)
     if float_ok and isinstance(value, float) and value.is_integer():
         value = int(value)
     if (isinstance(value, bool) or not isinstance(value, numbers.Integral)

@@ -177,8 +177,12 @@ def test_memory_calculator_widget(four_devices):
     mixed = calculator.stages()[0].activations
     calculator.precision.value = "fp32"  # float32 activations: about twice the 16-bit ones
     assert 1.8 < calculator.stages()[0].activations / mixed < 2
-    calculator.pipeline.value = 3  # doesn't divide 32 layers: explained, no exception
-    assert "pipeline_parallel=3 doesn" in calculator.info.value
+    calculator.pipeline.value = 3  # 32 layers on 3 stages: 10, 11 and 11, the first stage also holds the embedding
+    first, second, last = calculator.stages()
+    model = memory.TRANSFORMERS["7B transformer (32 layers, hidden 4096)"]
+    assert first.params == 4 * memory.stage_params(model, 1, 3, 0) and second.params < last.params  # fp32
+    calculator.tensor.value = 3  # doesn't divide 32 heads: explained, no exception
+    assert "tensor_parallel=3 must divide" in calculator.info.value
     with pytest.raises(ValueError, match="preset='GPT-5'"):
         MemoryCalculator(preset="GPT-5")
 

@@ -3,6 +3,7 @@ lesson 16 checks its predictions against a real 3-D run)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -38,7 +39,7 @@ def test_zero_papers_memory_figures_through_the_planner():
 
 
 def test_tiny_gpt_counts():
-    layout = planner.Layout(2, 2, 2, zero=1, micro_batches=4, recompute="stage")
+    layout = planner.Layout(2, 2, 2, zero=1, micro_batches=4, recompute="stage", sequence_parallel=False)
     first = planner.predict(TINY, layout, precision="fp32", stage=0)
     last = planner.predict(TINY, layout, precision="fp32", stage=1)
     assert (first.params_per_device, last.params_per_device) == (8960, 8512)
@@ -48,6 +49,40 @@ def test_tiny_gpt_counts():
     layer = memory.transformer_activations(16, 1, 32, 4, 2, False, "none", 4)  # one layer, recomputed at a time
     assert last.held["working"] == 16 * 64 * 4 + layer  # plus the loss's float32 logits on the last stage
     assert first.held["working"] == layer
+
+
+def test_sequence_parallelism_is_on_with_tensor_parallelism_and_splits_what_it_left_whole():
+    """On by default whenever tensor > 1; the same tensor bytes (an all-gather and a reduce-scatter move what one
+    all-reduce does), a t-th of the pipeline's, and less kept: Korthikanti et al.'s 10 whole bytes split too."""
+    assert planner.Layout(2, 2, 1).sequence_parallel
+    assert not planner.Layout(2, 1, 1, sequence_parallel=True).sequence_parallel  # nothing to split it over
+    model = planner.Model(layers=4, hidden=64, heads=4, seq=64, vocab=64)
+    on, off = (planner.predict(model, planner.Layout(1, 4, 2, micro_batches=4, sequence_parallel=sp))
+               for sp in (True, False))
+    assert on.sent["tensor"] == off.sent["tensor"] and on.sent["pipeline"] == off.sent["pipeline"] / 4
+    assert on.held["activations"] < off.held["activations"] and "TP 4 (SP)" in on.layout.describe()
+
+
+def test_uneven_stages_hold_their_own_blocks_and_the_outer_stages_the_embedding_and_head():
+    """126 layers on 16 stages, as Llama 3 split them: the stages' parameters add up to the model's, and the
+    first stage's weights are not the model's sixteenth."""
+    model = planner.Model(layers=126, hidden=256, heads=4, seq=64, vocab=1000)
+    layout = planner.Layout(1, 1, 16)
+    counts = [planner.params_per_device(model, layout, s) for s in range(16)]
+    assert sum(counts) == model.params and counts[0] != model.params // 16
+    assert counts[1] == counts[8] and counts[0] - counts[1] == model.vocab * 256 + 64 * 256 - counts[1] // 8
+    tied = dataclasses.replace(model, tied_embeddings=True)  # the last stage keeps a copy of the table for its head
+    assert planner.params_per_device(tied, layout, 15) == planner.params_per_device(model, layout, 15)
+    assert sum(planner.params_per_device(tied, layout, s) for s in range(16)) == tied.params + tied.vocab * 256
+
+
+def test_interleaving_shrinks_the_bubble_and_sends_more():
+    model, cluster, batch, _ = planner.PUZZLES["65B on 64 H100s"]
+    plain = planner.Layout(8, 1, 8, zero=1, micro_batch=2, micro_batches=64, recompute="full")
+    two = dataclasses.replace(plain, virtual_stages=2)
+    p1, p2 = planner.predict(model, plain, cluster), planner.predict(model, two, cluster)
+    assert p2.sent["pipeline"] > p1.sent["pipeline"] and p2.held["activations"] > p1.held["activations"]
+    assert p2.seconds < p1.seconds and p1.mfu < p2.mfu < cluster.efficiency
 
 
 def test_stage_none_reports_the_worst_stage_of_each_quantity():
@@ -94,8 +129,16 @@ def test_puzzle_checks():
 
 
 def test_bad_layouts_get_clear_errors():
-    with pytest.raises(BadArgument, match="doesn't divide the 2 layers"):
+    with pytest.raises(BadArgument, match="pipeline=3 is more stages than the 2 layers"):
         planner.params_per_device(TINY, planner.Layout(1, 1, 3))
+    with pytest.raises(BadArgument, match=r"virtual_stages=2 .* a multiple of pipeline=2 \(it has 3\)"):
+        planner.predict(TINY, planner.Layout(1, 1, 2, micro_batches=3, virtual_stages=2))
+    with pytest.raises(BadArgument, match="reshard=False keeps ZeRO-3's gathered weights; zero=2"):
+        planner.predict(TINY, planner.Layout(2, 1, 1, zero=2, reshard=False))
+    with pytest.raises(BadArgument, match="tensor=2 must divide .* the 1 key/value heads"):
+        planner.predict(dataclasses.replace(TINY, kv_heads=1), planner.Layout(1, 2, 1))
+    with pytest.raises(BadArgument, match="kv_heads=3 must divide heads"):
+        dataclasses.replace(TINY, kv_heads=3)
     with pytest.raises(BadArgument, match="must divide the 4 heads"):
         planner.predict(TINY, planner.Layout(1, 3, 1))
     with pytest.raises(BadArgument, match="recompute"):

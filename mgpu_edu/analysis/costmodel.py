@@ -114,3 +114,68 @@ def scaling(params: float, flops_per_example: float, batch_per_replica: int, max
     ns = list(range(1, max_replicas + 1))
     s = [speedup(params, flops_per_example, batch_per_replica, n, **options) for n in ns]
     return {"replicas": ns, "speedup": s, "efficiency": [v / n for v, n in zip(s, ns, strict=True)]}
+
+
+# ----------------------------------------------------------------------------- a transformer's FLOPs, and MFU
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenFlops:
+    """Training FLOPs per token of a transformer: each block's and the head's (an embedding multiplies nothing)."""
+
+    layer: float
+    head: float
+    layers: int
+
+    @property
+    def total(self) -> float:
+        """Every block's and the head's."""
+        return self.layers * self.layer + self.head
+
+
+def transformer_flops(model: Any, recompute: str = "none") -> TokenFlops:
+    """FLOPs to train on one token of a ``memory.Transformer``, counted matrix product by matrix product.
+
+    A matrix product of a token by a k × n weight costs 2·k·n FLOPs forward and twice that backward.
+    Per block and token, forward: 2 × its matrix weights (the experts a token is routed to, and the
+    router), plus attention's scores and weighted sum, 2·s·h each (a query against all s keys, as the
+    papers count it; a causal kernel that skips the masked half does half of it). The head adds 2·h·V.
+    Training is three forward passes' worth. Recomputation adds forward work that model FLOPs leave out:
+    ``"full"`` every block's forward once more, ``"selective"`` the scores and weighted sum (4·s·h per block).
+
+    For a GPT block (4h², 8h², no GQA) this is Korthikanti et al.'s Eq. 7, 72·s·l·h²·(1 + s/(6h) +
+    V/(12·l·h)) per sequence, and with ``"full"`` Narayanan et al.'s Eq. 3, 96·s·l·h²·(1 + s/(6h) +
+    V/(16·l·h)). Korthikanti et al.'s Eq. 8 for selective recomputation adds 12·s²·h per block, three
+    times the 4·s²·h its text redoes; this counts what is redone. Biases and norms are left out, as the
+    papers leave them.
+
+    Example:
+        >>> from mgpu_edu.analysis.memory import Transformer
+        >>> gpt3 = Transformer(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+        >>> round(transformer_flops(gpt3).total / (6 * gpt3.params), 3)  # 6 per weight, plus attention
+        1.024
+    """
+    one_of("recompute", recompute, ("none", "selective", "full"))
+    attention, mlp = model.matrices()
+    routed = mlp * model.top_k + (model.hidden * model.experts if model.experts > 1 else 0)
+    matmuls = 2 * (attention + routed)
+    scores = 4 * model.seq * model.hidden
+    extra = {"none": 0, "selective": scores, "full": matmuls + scores}[recompute]
+    return TokenFlops(3 * (matmuls + scores) + extra, 3 * 2 * model.hidden * model.vocab, model.layers)
+
+
+def mfu(model: Any, tokens_per_second: float, devices: int, peak_flops: float) -> float:
+    """Model FLOPs utilisation: the model's training FLOPs per second (:func:`transformer_flops`, without
+    recomputation) over the devices' peak. Chowdhery et al. (2022, PaLM, Appendix B) define it; Korthikanti
+    et al. (Table 5) and the Llama 3 paper (Table 4) report it.
+
+    Example:
+        >>> from mgpu_edu.analysis.memory import Transformer
+        >>> gpt3 = Transformer(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200)
+        >>> round(mfu(gpt3, 64 * 2048 / 13.75, 64, 312e12), 3)  # Korthikanti et al., Table 5: 51.4 %
+        0.514
+    """
+    positive_number("tokens_per_second", tokens_per_second)
+    whole_number("devices", devices)
+    positive_number("peak_flops", peak_flops)
+    return transformer_flops(model).total * tokens_per_second / (devices * peak_flops)

@@ -1,27 +1,33 @@
-"""Choose a layout for a training job: enumerate data × tensor × pipeline × context × expert degrees, ZeRO
-stages, micro-batches and recomputation; keep those that fit; rank them by predicted step time.
+"""Choose a layout for a training job: enumerate data × tensor × pipeline × context × expert degrees, sequence
+parallelism, interleaved pipeline stages, ZeRO stages, micro-batches and recomputation; keep those that fit;
+rank them by predicted step time.
 
-Every prediction is a count, per device: the model states (:func:`memory.model_states`: values,
-gradients, optimizer), the activations a stage keeps in flight (:func:`memory.transformer_activations`,
-or only each stage's input with ``recompute="stage"``), and the bytes sent per step by each axis with
-lesson 12's ring formulas: tensor parallelism's all-reduces of s·b·h, the pipeline's activations and
-their gradients between stages, the data axis's gradient and weight traffic (:func:`sharding.bytes_per_device`),
-context parallelism's key/value ring and expert parallelism's two all-to-alls. The step time is lesson 08's
-cost model: the compute of 6 FLOPs per parameter per token (8 when the whole forward pass is recomputed;
-selective recomputation's extra is small and left out) at a fraction of the
-devices' peak, stretched by the pipeline's bubble, plus each axis's communication by lesson 03's α-β model,
-at the bandwidth of the link that axis crosses (inside a node for tensor and expert parallelism when they
-fit in one; between nodes otherwise), none of it overlapped. It is a model: it ranks layouts; it does not
-promise seconds. Besides what is kept between a micro-batch's forward and backward passes, it counts the
-working memory of the backward pass: the loss's float32 logits on the last stage and, with recomputation, one
-layer's activations recomputed at a time ("working"). It leaves out ZeRO-3's gathered layer, communication
-buffers, the CUDA context and fragmentation (the 10 % of memory it keeps spare stands for them), and overlap
-of any kind. Pipeline traffic is charged at the link between nodes (conservative when stages share a node).
-It models the course's layouts: each tensor rank sends its whole copy of a stage's output to the next stage
-(Megatron-LM's scatter/gather optimisation sends 1/t of it).
+Every prediction is a count, per device, of the busiest stage: the model states (:func:`memory.stage_params`
+through :func:`memory.model_states`: values, gradients, optimizer; the embedding on the first stage and the
+head on the last, the blocks split over the stages as :func:`memory.stage_layers` says), the activations a
+stage keeps in flight (:meth:`memory.Transformer.layer_activations` × :func:`memory.in_flight`, or only each
+stage's input with ``recompute="stage"``), and the bytes sent per step by each axis with lesson 12's
+formulas: tensor parallelism's all-reduces of s·b·h (or, with sequence parallelism, as many bytes in
+all-gathers and reduce-scatters), the pipeline's activations and their gradients between stages, the data
+axis's gradient and weight traffic (:func:`sharding.bytes_per_device`), context parallelism's key/value ring
+and expert parallelism's two all-to-alls. The step time is lesson 08's cost model: the stage's training FLOPs
+(:func:`costmodel.transformer_flops`, recomputation's extra included) at a fraction of the devices' peak,
+stretched by the pipeline's bubble, (P − 1)/(V·M) of the ideal time (Narayanan et al., 2021, §2.2), plus
+each axis's communication by lesson 03's α-β model, at the bandwidth of the link that axis crosses (inside
+a node for tensor and expert parallelism when they fit in one; between nodes otherwise), none of it
+overlapped. It is a model: it ranks layouts; it does not promise seconds.
+
+Besides what is kept between a micro-batch's forward and backward passes, it counts the working memory of
+the backward pass: the loss's float32 logits on the last stage and, with recomputation, one layer's
+activations recomputed at a time ("working"). It leaves out ZeRO-3's gathered layer, communication buffers,
+the CUDA context and fragmentation (the 10 % of memory it keeps spare stands for them), and overlap of any
+kind. Pipeline traffic is charged at the link between nodes (conservative when stages share a node). Without
+sequence parallelism each tensor rank sends its whole copy of a stage's output to the next stage, as the
+course's layouts do; with it, its share.
 
 The counts for the course's tiny GPT equal what lesson 16's 3-D run measured (the lesson asserts it); the
-ZeRO paper's memory figures and published models' parameter counts are checked in tests/test_planner.py.
+published figures it reproduces (the ZeRO paper, Narayanan et al., Korthikanti et al., Llama 3, the
+Ultra-Scale Playbook) are checked in tests/test_planner.py, each beside its source.
 """
 
 from __future__ import annotations
@@ -32,65 +38,20 @@ from typing import Any
 
 from mgpu_edu._validate import BadArgument, one_of, positive_number, whole_number
 from mgpu_edu.analysis import costmodel, memory
-from mgpu_edu.parallelism import collectives, sharding
+from mgpu_edu.parallelism import pipeline, sharding
 
 RECOMPUTE = ("none", "selective", "full", "stage")
-PRECISION_BYTES = {"fp32": 4, "mixed": 2}
 
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """A decoder-only transformer as the course writes it (lesson 13's tiny GPT at any size).
-
-    Each block: two LayerNorms (2·h each), query/key/value/output matrices (4·h²) and the output bias (h),
-    an MLP of width ``ffn`` (h·ffn + ffn + ffn·h + h). Outside the blocks: token and position embeddings,
-    a final LayerNorm, and an untied head (h·V). With ``experts`` > 1 every block's MLP is a mixture of
-    that many experts, ``top_k`` of them per token (lesson 14), plus a router (h·E).
-    """
-
-    layers: int
-    hidden: int
-    heads: int
-    seq: int
-    vocab: int
-    ffn: int = 0
-    experts: int = 1
-    top_k: int = 1
-    positions: bool = True
-
-    @property
-    def width(self) -> int:
-        return self.ffn or 4 * self.hidden
-
-    def block_params(self) -> tuple[int, int, int]:
-        """One block's parameters: (split by tensor parallelism, held whole by every tensor rank, in experts)."""
-        h, f = self.hidden, self.width
-        split_attention = 4 * h * h
-        mlp = h * f + f + f * h  # w1, b1, w2 (split); the output bias b2 stays whole
-        whole = 2 * h + h + 2 * h + h  # LayerNorms, bo, b2
-        if self.experts > 1:
-            return split_attention, whole + h * self.experts, mlp * self.experts
-        return split_attention + mlp, whole, 0
-
-    @property
-    def params(self) -> int:
-        """Every parameter of the model."""
-        split, whole, experts = self.block_params()
-        outside = self.vocab * self.hidden * 2 + 2 * self.hidden + (self.seq * self.hidden if self.positions else 0)
-        return self.layers * (split + whole + experts) + outside
-
-    @property
-    def active_params(self) -> int:
-        """Parameters one token uses (a mixture of experts runs top_k of its experts)."""
-        split, whole, experts = self.block_params()
-        outside = self.params - self.layers * (split + whole + experts)
-        return self.layers * (split + whole + experts * self.top_k // self.experts) + outside
+#: A transformer's shape: the planner's and the memory calculator's are one class, so its parameters are
+#: counted in one place (:class:`memory.Transformer`).
+Model = memory.Transformer
 
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
     """The devices: how many, memory each (bytes), per-device peak (FLOP/s), and the links inside and between
-    nodes (bytes/s, with α the latency of one message)."""
+    nodes (bytes/s, with α the latency of one message); ``efficiency`` is the share of peak that the matrix
+    products reach."""
 
     devices: int
     memory_bytes: float
@@ -105,7 +66,15 @@ class Cluster:
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """One way to run the job: the degree of each axis, the ZeRO stage, the micro-batch size, the number of
-    micro-batches per step (a pipeline's, or gradient accumulation's), and what the backward pass recomputes."""
+    micro-batches per step (a pipeline's, or gradient accumulation's), and what the backward pass recomputes.
+
+    ``sequence_parallel`` (Korthikanti et al., 2022) splits what tensor parallelism leaves whole along the
+    sequence; it is on whenever ``tensor`` > 1 unless set False. ``virtual_stages`` V > 1 is the
+    interleaved 1F1B schedule: V chunks of layers per device, a bubble V times smaller, V times the
+    pipeline's messages (Narayanan et al., 2021, §2.2.2). ``reshard=False`` keeps ZeRO-3's gathered weights
+    from the forward pass for the backward (PyTorch FSDP's ``reshard_after_forward=False``): one gather
+    per micro-batch fewer, and the stage's whole weights held.
+    """
 
     data: int
     tensor: int
@@ -116,22 +85,32 @@ class Layout:
     micro_batch: int = 1
     micro_batches: int = 1
     recompute: str = "none"
+    sequence_parallel: bool | None = None
+    virtual_stages: int = 1
+    reshard: bool = True
+
+    def __post_init__(self) -> None:
+        on = self.sequence_parallel is None or bool(self.sequence_parallel)
+        object.__setattr__(self, "sequence_parallel", on and isinstance(self.tensor, int) and self.tensor > 1)
 
     @property
     def devices(self) -> int:
         return self.data * self.tensor * self.pipeline * self.context
 
     def describe(self) -> str:
-        parts = [f"DP {self.data}", f"TP {self.tensor}", f"PP {self.pipeline}"]
+        parts = [f"DP {self.data}", f"TP {self.tensor}" + (" (SP)" if self.sequence_parallel else ""),
+                 f"PP {self.pipeline}" + (f" (×{self.virtual_stages} interleaved)" if self.virtual_stages > 1 else "")]
         parts += [f"CP {self.context}"] * (self.context > 1) + [f"EP {self.expert}"] * (self.expert > 1)
-        return (" × ".join(parts) + f", ZeRO-{self.zero}, micro-batch {self.micro_batch} × {self.micro_batches}, "
+        zero = f"ZeRO-{self.zero}" + (" (no reshard)" if not self.reshard else "")
+        return (" × ".join(parts) + f", {zero}, micro-batch {self.micro_batch} × {self.micro_batches}, "
                 f"recompute {self.recompute}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """What a layout costs per device: bytes held (by kind) and sent per step (by axis), on the busiest device,
-    and the predicted step time in seconds (``None`` when no cluster was given)."""
+    the predicted step time in seconds and the model-FLOPs utilisation it implies (``None`` when no cluster
+    was given)."""
 
     layout: Layout
     params_per_device: int
@@ -139,6 +118,7 @@ class Prediction:
     sent: dict[str, float]
     seconds: float | None = None
     fits: bool | None = None
+    mfu: float | None = None
 
     @property
     def held_total(self) -> float:
@@ -150,169 +130,230 @@ class Prediction:
 
 
 def _check(model: Model, layout: Layout) -> None:
-    for name in ("data", "tensor", "pipeline", "context", "expert", "micro_batch", "micro_batches"):
+    for name in ("data", "tensor", "pipeline", "context", "expert", "micro_batch", "micro_batches",
+                 "virtual_stages"):
         whole_number(name, getattr(layout, name))
     whole_number("zero", layout.zero, minimum=0, maximum=3, hint="ZeRO has stages 0 (none), 1, 2 and 3.")
     one_of("recompute", layout.recompute, RECOMPUTE)
-    if model.layers % layout.pipeline:
-        raise BadArgument(f"pipeline={layout.pipeline} doesn't divide the {model.layers} layers: pick a divisor.")
-    if model.heads % layout.tensor or model.width % layout.tensor:
-        raise BadArgument(f"tensor={layout.tensor} must divide the {model.heads} heads and the MLP's {model.width}.")
+    t, p, v = layout.tensor, layout.pipeline, layout.virtual_stages
+    if p > model.layers:
+        raise BadArgument(f"pipeline={p} is more stages than the {model.layers} layers: each stage needs at least "
+                          f"one; pick at most {model.layers}.")
+    if model.heads % t or model.kv % t or model.width % t:
+        raise BadArgument(f"tensor={t} must divide the {model.heads} heads, the {model.kv} key/value heads and the "
+                          f"MLP's {model.width}: pick a common divisor.")
     if model.seq % layout.context:
         raise BadArgument(f"context={layout.context} must divide the sequence length {model.seq}.")
+    if layout.sequence_parallel and model.seq // layout.context % t:
+        raise BadArgument(f"sequence parallelism splits each device's {model.seq // layout.context} tokens over the "
+                          f"tensor={t} ranks: pick a tensor degree that divides them, or sequence_parallel=False.")
     if model.experts % layout.expert or (layout.expert > 1 and layout.data * layout.context % layout.expert):
         raise BadArgument(f"expert={layout.expert} must divide the {model.experts} experts and the data × context "
                           f"degree ({layout.data * layout.context}), whose devices it spreads them over.")
+    if v > 1 and (p == 1 or layout.micro_batches % p or min(memory.stage_layers(model.layers, p)) < v):
+        raise BadArgument(f"virtual_stages={v} (the interleaved schedule) needs a pipeline, a number of micro-batches "
+                          f"that is a multiple of pipeline={p} (it has {layout.micro_batches}), and at least {v} "
+                          f"layers on every stage: use virtual_stages=1, or change those.")
+    if not layout.reshard and layout.zero != 3:
+        raise BadArgument(f"reshard=False keeps ZeRO-3's gathered weights; zero={layout.zero} gathers none: use "
+                          "zero=3, or leave reshard=True.")
 
 
 def params_per_device(model: Model, layout: Layout, stage: int = 0, split_embeddings: bool = False) -> int:
-    """Parameters one device of pipeline stage ``stage`` holds (before ZeRO-3 divides them).
+    """Parameters one device of pipeline stage ``stage`` holds before ZeRO-3 divides them (:func:`memory.stage_params`).
 
     The stage's blocks: the split parts divided by the tensor degree (experts by the expert degree too), the
-    rest whole. The embeddings sit on the first stage, the final LayerNorm and head on the last; with
+    rest whole. The embedding sits on the first stage, the final norm and head on the last; with
     ``split_embeddings`` (Megatron-LM's vocabulary-parallel embedding and head) the tensor ranks split them,
     otherwise (the course's layouts) each holds them whole.
     """
     _check(model, layout)
-    whole_number("stage", stage, minimum=0, maximum=layout.pipeline - 1, hint="Stages are numbered from 0.")
-    split, whole, experts = model.block_params()
-    per_block = split // layout.tensor + whole + experts // (layout.tensor * layout.expert)
-    count = per_block * model.layers // layout.pipeline
-    h, v = model.hidden, model.vocab
-    table = v * h // (layout.tensor if split_embeddings else 1)
-    if stage == 0:
-        count += table + (model.seq * h if model.positions else 0)
-    if stage == layout.pipeline - 1:
-        count += 2 * h + table
-    return count
+    return memory.stage_params(model, layout.tensor, layout.pipeline, stage, layout.expert, split_embeddings)
 
 
 def predict(model: Model, layout: Layout, cluster: Cluster | None = None, precision: str = "mixed",
             split_embeddings: bool = False, stage: int | None = None) -> Prediction:
     """Bytes held and sent per step by a device of pipeline stage ``stage``, and with a ``cluster`` the predicted step
-    time and whether it fits. With ``stage=None``, the worst over the stages: what the fullest stage holds, what
-    the busiest sender sends (a middle stage sends both activations and gradients), and the slowest step.
+    time, the MFU it implies and whether it fits. With ``stage=None``, the worst over the stages: what the
+    fullest stage holds, what the busiest sender sends (a middle stage sends both activations and gradients),
+    and the slowest stage's step.
+
+    ``precision`` is one of ``memory.PRECISIONS``: 16-bit activations unless ``"fp32"``.
 
     Example:
         >>> tiny = Model(layers=2, hidden=32, heads=4, seq=16, vocab=64)
-        >>> p = predict(tiny, Layout(2, 2, 2, zero=1, micro_batches=4, recompute="stage"), precision="fp32", stage=0)
+        >>> layout = Layout(2, 2, 2, zero=1, micro_batches=4, recompute="stage", sequence_parallel=False)
+        >>> p = predict(tiny, layout, precision="fp32", stage=0)
         >>> p.params_per_device, p.sent["tensor"], p.sent["pipeline"], p.sent["data"]
         (8960, 40960.0, 8192.0, 35840.0)
     """
     _check(model, layout)
-    one_of("precision", precision, PRECISION_BYTES)
+    one_of("precision", precision, memory.PRECISIONS)
+    whole_number("stage", 0 if stage is None else stage, minimum=0, maximum=layout.pipeline - 1,
+                 hint="Stages are numbered from 0.")
+    return _predict(model, layout, cluster, precision, split_embeddings, stage)
+
+
+def _predict(model: Model, layout: Layout, cluster: Cluster | None, precision: str, split_embeddings: bool,
+             stage: int | None, fitting: bool = False) -> Prediction | None:
+    """:func:`predict` for a layout already checked; with ``fitting``, None for a layout that doesn't fit."""
+    job = _Job(model, layout, cluster, precision, split_embeddings)
     if stage is not None:
-        return _predict_stage(model, layout, cluster, precision, split_embeddings, stage)
-    each = [_predict_stage(model, layout, cluster, precision, split_embeddings, s) for s in range(layout.pipeline)]
+        return job.stage(stage)
+    held = [job.held(s) for s in range(layout.pipeline)]
+    if fitting and not all(job.fits(h) for _, h in held):
+        return None
+    each = [job.stage(s, h) for s, h in enumerate(held)]
     fullest = max(each, key=lambda p: p.held_total)
     busiest = max(each, key=lambda p: p.sent_total)
-    seconds = None if cluster is None else max(p.seconds for p in each)
-    return Prediction(layout, fullest.params_per_device, fullest.held, busiest.sent, seconds, fullest.fits)
+    if cluster is None:
+        return Prediction(layout, fullest.params_per_device, fullest.held, busiest.sent)
+    slowest = max(each, key=lambda p: p.seconds)
+    return Prediction(layout, fullest.params_per_device, fullest.held, busiest.sent, slowest.seconds, fullest.fits,
+                      slowest.mfu)
 
 
-def _predict_stage(model: Model, layout: Layout, cluster: Cluster | None, precision: str, split_embeddings: bool,
-                   stage: int) -> Prediction:
-    value = PRECISION_BYTES[precision]
-    count = params_per_device(model, layout, stage, split_embeddings)
-    states = memory.model_states(count, layout.data * layout.context, layout.zero, "adam", precision)
-    layers = model.layers // layout.pipeline
-    first, last = stage == 0, stage == layout.pipeline - 1
-    b, s, h, t = layout.micro_batch, model.seq // layout.context, model.hidden, layout.tensor
-    m = layout.micro_batches
-    in_flight = min(layout.pipeline - stage, m)
-    if layout.recompute == "stage":  # only the stage's input, per micro-batch in flight
-        kept = b * s * (4 if first else h * value)
-    else:
-        kept = layers * memory.transformer_activations(s, b, h, model.heads, t, False, layout.recompute, value)
-    activations = kept * in_flight
-    working = (b * s * model.vocab * 4 if last else 0)  # the loss's float32 logits
-    if layout.recompute in ("full", "stage"):  # one layer's activations, recomputed during the backward pass
-        working += memory.transformer_activations(s, b, h, model.heads, t, False, "none", value)
-    boundary = s * b * h * value  # what crosses between stages, and what a tensor all-reduce sums
-    # tensor: per block and micro-batch, 2 all-reduces forward and 2 backward (Megatron's g and f); recomputation
-    # runs the forward again. Recomputing a whole stage, TensorFlow drops the stage's last all-reduce except on the
-    # last stage: it makes the stage's output, which no backward op reads (a residual add's gradient needs no
-    # forward values) but the last stage's final LayerNorm does. Megatron's per-layer recomputation reruns both.
-    reduces = 4 * layers
-    if layout.recompute == "full":
-        reduces += 2 * layers
-    elif layout.recompute == "stage":
-        reduces += 2 * layers - (0 if last else 1)
-    tensor_sent = m * reduces * collectives.formula_bytes("all_reduce", t, boundary)[0][0] if t > 1 else 0.0
-    pipeline_sent = m * boundary * ((not last) + (not first)) if layout.pipeline > 1 else 0.0
-    grad_bytes = count * (4 if precision == "fp32" else value)
-    n = layout.data * layout.context
-    data_sent = sharding.bytes_per_device(layout.zero, n, grad_bytes, m) if n > 1 else 0.0
-    rerun = 1 if layout.recompute in ("full", "stage") else 0  # a recomputed forward sends its traffic again
-    context_sent = 0.0
-    if layout.context > 1:  # ring attention: C−1 sends of the key/value blocks forward; backward, the blocks and
-        kv = 2 * b * (model.heads // t) * s * (h // model.heads) * value  # their gradients: 3 (C−1) in all
-        context_sent = m * layers * (3 + rerun) * (layout.context - 1) * kv
-    expert_sent = 0.0
-    if layout.expert > 1 and model.experts > 1:  # two all-to-alls forward, two backward, of the routed tokens
-        routed = b * s * model.top_k * h * value
-        expert_sent = (m * layers * (4 + 2 * rerun)
-                       * collectives.formula_bytes("all_to_all", layout.expert, routed)[0][0])
-    held = {"weights": states.params, "gradients": states.grads, "optimizer": states.optimizer,
-            "activations": float(activations), "working": float(working)}
-    sent = {"tensor": tensor_sent, "pipeline": float(pipeline_sent), "data": float(data_sent),
-            "context": context_sent, "expert": expert_sent}
-    seconds = fits = None
-    if cluster is not None:
-        seconds = step_seconds(model, layout, cluster, sent, m, reduces)
-        fits = sum(held.values()) <= memory.USABLE_FRACTION * cluster.memory_bytes
-    return Prediction(layout, count, held, sent, seconds, fits)
+class _Job:
+    """What every stage of one layout shares, worked out once; :meth:`stage` counts one stage."""
 
+    def __init__(self, model: Model, layout: Layout, cluster: Cluster | None, precision: str,
+                 split_embeddings: bool) -> None:
+        self.model, self.layout, self.cluster = model, layout, cluster
+        self.precision, self.split_embeddings = precision, split_embeddings
+        lay, t, c = layout, layout.tensor, layout.context
+        self.value = memory.PRECISIONS[precision][0]
+        self.layers = memory.stage_layers(model.layers, lay.pipeline)
+        self.tokens = model.seq // c * lay.micro_batch  # one micro-batch's tokens on one device
+        self.boundary = self.tokens * model.hidden * self.value  # a stage's output; what a tensor all-reduce sums
+        recompute = "full" if lay.recompute == "stage" else lay.recompute  # a stage recomputes all its layers
+        args = (lay.micro_batch, t, lay.sequence_parallel)
+        self.kept_layer = model.layer_activations(*args, recompute, self.value, c)
+        self.working_layer = model.layer_activations(*args, "none", self.value, c)
+        self.flops = costmodel.transformer_flops(model, recompute)
+        self.model_flops = costmodel.transformer_flops(model) if recompute != "none" else self.flops
 
-def step_seconds(model: Model, layout: Layout, cluster: Cluster, sent: dict[str, float], micro_batches: int,
-                 reduces: int) -> float:
-    """Lesson 08's cost model: compute at ``efficiency`` of peak, stretched by the bubble, plus α-β communication."""
-    tokens = layout.micro_batch * micro_batches * layout.data * model.seq
-    per_token = costmodel.training_flops(model.active_params)  # 6 FLOPs per parameter a token uses
-    if layout.recompute in ("full", "stage"):
-        per_token += 2 * model.active_params  # the forward pass once more
-    compute = per_token * tokens / (layout.devices * cluster.flops * cluster.efficiency)
-    bubble = (layout.pipeline - 1) / (micro_batches + layout.pipeline - 1)
-    compute /= 1 - bubble
-    inside = layout.tensor * max(layout.expert, 1) <= cluster.per_node
-    per_stage_layers = model.layers // layout.pipeline
-    link = {"tensor": cluster.intra_bandwidth if layout.tensor <= cluster.per_node else cluster.inter_bandwidth,
-            "expert": cluster.intra_bandwidth if inside else cluster.inter_bandwidth,
-            "context": cluster.intra_bandwidth if layout.tensor * layout.context <= cluster.per_node
-            else cluster.inter_bandwidth,
-            "pipeline": cluster.inter_bandwidth,
-            # devices are numbered tensor rank first, then context, then data: a data group fits in a node
-            # when tensor · context · data devices do
-            "data": cluster.intra_bandwidth if layout.tensor * layout.context * layout.data <= cluster.per_node
-            else cluster.inter_bandwidth}
-    messages = {"tensor": micro_batches * reduces * 2 * max(layout.tensor - 1, 0),
-                "pipeline": 2 * micro_batches,
-                "data": sharding.phases(layout.zero, micro_batches) * max(layout.data * layout.context - 1, 0),
-                "context": micro_batches * per_stage_layers * 4 * max(layout.context - 1, 0),
-                "expert": micro_batches * per_stage_layers * 6 * max(layout.expert - 1, 0)}
-    communication = sum(sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent)
-    return compute + communication
+    def held(self, stage: int) -> tuple[int, dict[str, float]]:
+        """The parameters one device of ``stage`` holds, and its bytes held by kind."""
+        model, lay, value = self.model, self.layout, self.value
+        t, p = lay.tensor, lay.pipeline
+        first, last = stage == 0, stage == p - 1
+        count = memory.stage_params(model, t, p, stage, lay.expert, self.split_embeddings)
+        states = memory.model_states(count, lay.data * lay.context, lay.zero, "adam", self.precision)
+        weights = states.params if lay.reshard else count * value  # ZeRO-3 without resharding holds them whole
+        if lay.recompute == "stage":  # only the stage's input, per micro-batch in flight
+            kept = self.tokens * 4 if first else self.boundary / (t if lay.sequence_parallel else 1)
+        else:
+            kept = self.layers[stage] * self.kept_layer
+        activations = kept * memory.in_flight(p, stage, lay.micro_batches, lay.virtual_stages)
+        logits = self.tokens * model.vocab * 4 / (t if self.split_embeddings else 1)
+        working = logits if last else 0.0  # the loss's float32 logits
+        if lay.recompute in ("full", "stage"):  # one layer's activations, recomputed during the backward pass
+            working += self.working_layer
+        return count, {"weights": weights, "gradients": states.grads, "optimizer": states.optimizer,
+                       "activations": float(activations), "working": float(working)}
+
+    def fits(self, held: dict[str, float]) -> bool:
+        return sum(held.values()) <= memory.USABLE_FRACTION * self.cluster.memory_bytes
+
+    def stage(self, stage: int, held: tuple[int, dict[str, float]] | None = None) -> Prediction:
+        model, lay, value = self.model, self.layout, self.value
+        t, p, v, m = lay.tensor, lay.pipeline, lay.virtual_stages, lay.micro_batches
+        first, last = stage == 0, stage == p - 1
+        layers = self.layers[stage]
+        count, held = held or self.held(stage)
+        n = lay.data * lay.context
+        sp = lay.sequence_parallel
+        # tensor: per block and micro-batch, 2 all-reduces forward and 2 backward (Megatron's g and f), or with
+        # sequence parallelism an all-gather and a reduce-scatter for each, as many bytes; recomputation runs the
+        # forward again. Recomputing a whole stage, TensorFlow drops the stage's last all-reduce except on the last
+        # stage: it makes the stage's output, which no backward op reads (a residual add's gradient needs no
+        # forward values) but the last stage's final LayerNorm does. Megatron's per-layer recomputation reruns both.
+        reduces = 4 * layers
+        if lay.recompute == "full":
+            reduces += 2 * layers
+        elif lay.recompute == "stage":
+            reduces += 2 * layers - (0 if last else 1)
+        tensor_sent = m * reduces * 2 * (t - 1) / t * self.boundary
+        # pipeline: each micro-batch's activations forward and gradients back, V times with V chunks per device
+        pipeline_sent = 0.0
+        if p > 1:
+            pipeline_sent = m * (2 * v - last - first) * self.boundary / (t if sp else 1)
+        grad_bytes = count * (2 if self.precision == "mixed" else 4)
+        data_sent = sharding.bytes_per_device(lay.zero, n, grad_bytes, m, lay.reshard) if n > 1 else 0.0
+        rerun = 1 if lay.recompute in ("full", "stage") else 0  # a recomputed forward sends its traffic again
+        context_sent = 0.0
+        if lay.context > 1:  # ring attention: C−1 sends of the key/value blocks forward; backward, the blocks and
+            kv = 2 * self.tokens * (model.kv // t) * (model.hidden // model.heads) * value  # their gradients
+            context_sent = m * layers * (3 + rerun) * (lay.context - 1) * kv
+        expert_sent = 0.0
+        if lay.expert > 1 and model.experts > 1:  # two all-to-alls forward, two backward, of the routed tokens
+            routed = self.tokens * model.top_k * model.hidden * value
+            expert_sent = m * layers * (4 + 2 * rerun) * (lay.expert - 1) / lay.expert * routed
+        sent = {"tensor": tensor_sent, "pipeline": pipeline_sent, "data": float(data_sent),
+                "context": context_sent, "expert": expert_sent}
+        if self.cluster is None:
+            return Prediction(lay, count, held, sent)
+        seconds = self._seconds(layers, last, sent, reduces)
+        tokens_per_step = lay.micro_batch * m * lay.data * model.seq
+        mfu = self.model_flops.total * tokens_per_step / (seconds * lay.devices * self.cluster.flops)
+        return Prediction(lay, count, held, sent, seconds, self.fits(held), mfu)
+
+    def _seconds(self, layers: int, last: bool, sent: dict[str, float], reduces: int) -> float:
+        """Lesson 08's cost model for one stage: its compute at ``efficiency`` of peak, stretched by the bubble, plus
+        α-β communication."""
+        model, lay, cluster = self.model, self.layout, self.cluster
+        m = lay.micro_batches
+        flops = self.flops.layer * layers + (self.flops.head if last else 0.0)  # per token, the whole stage's
+        per_device = flops * lay.micro_batch * model.seq / (lay.tensor * lay.context)  # one micro-batch
+        bubble = pipeline.bubble_ratio(lay.pipeline, m, lay.virtual_stages)
+        compute = per_device * m * (1 + bubble) / (cluster.flops * cluster.efficiency)
+        inside = lay.tensor * max(lay.expert, 1) <= cluster.per_node
+        link = {"tensor": cluster.intra_bandwidth if lay.tensor <= cluster.per_node else cluster.inter_bandwidth,
+                "expert": cluster.intra_bandwidth if inside else cluster.inter_bandwidth,
+                "context": cluster.intra_bandwidth if lay.tensor * lay.context <= cluster.per_node
+                else cluster.inter_bandwidth,
+                "pipeline": cluster.inter_bandwidth,
+                # devices are numbered tensor rank first, then context, then data: a data group fits in a node
+                # when tensor · context · data devices do
+                "data": cluster.intra_bandwidth if lay.tensor * lay.context * lay.data <= cluster.per_node
+                else cluster.inter_bandwidth}
+        messages = {"tensor": m * reduces * 2 * max(lay.tensor - 1, 0),
+                    "pipeline": 2 * m * lay.virtual_stages,
+                    "data": sharding.phases(lay.zero, m, lay.reshard) * max(lay.data * lay.context - 1, 0),
+                    "context": m * layers * 4 * max(lay.context - 1, 0),
+                    "expert": m * layers * 6 * max(lay.expert - 1, 0)}
+        communication = sum(sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent)
+        return compute + communication
 
 
 def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[int, ...] = (0, 1, 2, 3),
             recompute: tuple[str, ...] = ("none", "selective", "full"),
-            micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-            max_tensor: int = 8) -> list[Layout]:
-    """Every layout of ``devices`` devices for ``global_batch`` sequences per step that divides the model evenly."""
+            micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), max_tensor: int = 8,
+            sequence_parallel: tuple[bool, ...] = (True, False), virtual_stages: tuple[int, ...] = (1, 2)
+            ) -> list[Layout]:
+    """Every layout of ``devices`` devices for ``global_batch`` sequences per step that the model allows.
+
+    Example:
+        >>> tiny = Model(layers=2, hidden=32, heads=4, seq=16, vocab=64)
+        >>> len(layouts(tiny, 4, 8, zero_stages=(0,), recompute=("none",), micro_batches=(1,)))
+        13
+    """
     whole_number("devices", devices)
     whole_number("global_batch", global_batch)
     found = []
     divisors = [k for k in range(1, devices + 1) if devices % k == 0]
-    for tensor, pipeline, context in itertools.product(divisors, divisors, divisors):
-        if tensor > max_tensor or devices % (tensor * pipeline * context):
+    for tensor, stages, context in itertools.product(divisors, divisors, divisors):
+        if tensor > max_tensor or devices % (tensor * stages * context):
             continue
-        data = devices // (tensor * pipeline * context)
+        data = devices // (tensor * stages * context)
         expert_options = [e for e in divisors if e <= data * context and model.experts % e == 0] if model.experts > 1 \
             else [1]
-        for expert, zero, rec, m in itertools.product(expert_options, zero_stages, recompute, micro_batches):
+        for expert, zero, rec, m, sp, v in itertools.product(expert_options, zero_stages, recompute, micro_batches,
+                                                             sequence_parallel if tensor > 1 else (False,),
+                                                             virtual_stages if stages > 1 else (1,)):
             if global_batch % (data * m):
                 continue
-            layout = Layout(data, tensor, pipeline, context, expert, zero, global_batch // (data * m), m, rec)
+            layout = Layout(data, tensor, stages, context, expert, zero, global_batch // (data * m), m, rec, sp, v)
             try:
                 _check(model, layout)
             except BadArgument:
@@ -323,12 +364,16 @@ def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[in
 
 def plan(model: Model, cluster: Cluster, global_batch: int, max_sent: float | None = None,
          precision: str = "mixed", **options: Any) -> list[Prediction]:
-    """The layouts that fit (and send at most ``max_sent`` bytes per device per step), fastest first."""
+    """The layouts that fit (and send at most ``max_sent`` bytes per device per step), fastest first.
+
+    ``options`` go to :func:`layouts` (e.g. ``sequence_parallel=(False,)`` to leave it out).
+    """
     positive_number("global_batch", global_batch)
     kept = []
-    for layout in layouts(model, cluster.devices, global_batch, **options):
-        prediction = predict(model, layout, cluster, precision)
-        if prediction.fits and (max_sent is None or prediction.sent_total <= max_sent):
+    one_of("precision", precision, memory.PRECISIONS)
+    for layout in layouts(model, cluster.devices, global_batch, **options):  # each checked by layouts
+        prediction = _predict(model, layout, cluster, precision, False, None, fitting=True)
+        if prediction is not None and (max_sent is None or prediction.sent_total <= max_sent):
             kept.append(prediction)
     return sorted(kept, key=lambda p: (p.seconds, p.held_total))
 
@@ -348,15 +393,16 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
         worst = max(held, key=held.get)
         n = layout.data * layout.context
         further = "more tensor or pipeline parallelism divides it further"
+        shrink = ("sequence parallelism, " if layout.tensor > 1 and not layout.sequence_parallel else "")
         remedy = {"optimizer": f"a ZeRO stage of 1 or more splits it over the {n} data-parallel devices"
                                if layout.zero < 1 or n == 1 else f"it is split {n} ways already: {further}",
                   "gradients": f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
                                if layout.zero < 2 or n == 1 else f"they are split {n} ways already: {further}",
                   "weights": "ZeRO-3, or more tensor or pipeline parallelism, splits them" if layout.zero < 3
                              else f"they are split {n} ways already: {further}",
-                  "activations": "recomputation or a smaller micro-batch (more micro-batches) shrinks them"
-                                 if layout.recompute == "none" else "a smaller micro-batch, or tensor or context "
-                                                                    "parallelism, shrinks them",
+                  "activations": f"{shrink}recomputation or a smaller micro-batch (more micro-batches) shrinks them"
+                                 if layout.recompute == "none" else f"{shrink}a smaller micro-batch, or tensor or "
+                                                                    "context parallelism, shrinks them",
                   "working": "a smaller micro-batch, or tensor or context parallelism, shrinks it"}[worst]
         return (f"it needs {prediction.held_total / 2**30:,.1f} GiB on its fullest device, more than "
                 f"{memory.USABLE_FRACTION:.0%} of {cluster.memory_bytes / 2**30:,.0f} GiB; the largest part is "
@@ -366,7 +412,7 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
         remedy = {"tensor": "a lower tensor degree (its all-reduces grow with every token of every micro-batch)",
                   "data": "ZeRO-1 or plain data parallelism (ZeRO-2 and 3 send per micro-batch), or fewer "
                           "data-parallel devices",
-                  "pipeline": "fewer pipeline stages or a smaller micro-batch",
+                  "pipeline": "fewer pipeline stages, fewer interleaved chunks, or a smaller micro-batch",
                   "context": "a lower context degree", "expert": "a lower expert degree"}[axis]
         return (f"its busiest device sends {prediction.sent_total / 1e9:,.2f} GB per step, more than the "
                 f"{max_sent / 1e9:,.2f} GB allowed; most of it on the {axis} axis: try {remedy}.")

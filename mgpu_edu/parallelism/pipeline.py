@@ -164,6 +164,22 @@ def in_flight_peaks(events: Sequence[Event]) -> list[int]:
     return peaks
 
 
+def bubble_ratio(stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """The bubble as a share of the ideal time: (P − 1)/(V·M), with V chunks per device in the interleaved 1F1B.
+
+    1F1B's bubble is GPipe's: P − 1 slots of forward and backward against the M that do work, (P − 1)/M
+    of the ideal time (:func:`bubble_fraction` is the same bubble as a share of the whole). Interleaving
+    V chunks of layers per device makes each slot V times shorter (Narayanan et al., 2021, §2.2.2; the
+    Llama 3 paper, §3.3.2, writes it (PP − 1)/(V·M)).
+
+    Example:
+        >>> bubble_ratio(8, 32), bubble_ratio(8, 32, virtual_stages=8)  # the Ultra-Scale Playbook's figure
+        (0.21875, 0.02734375)
+    """
+    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    return (p - 1) / (_count("virtual_stages", virtual_stages) * m)
+
+
 def bubble_fraction(stages: int, micro_batches: int) -> float:
     """Share of stage-time the GPipe schedule leaves idle: (P − 1) / (M + P − 1).
 

@@ -389,30 +389,33 @@ class ZeroDataParallel:
                                 self._weights[d][i][j] = full[d][slice(*self.weighted[i].bounds(j))]
 
 
-def phases(stage: int, micro_batches: int = 1) -> int:
+def phases(stage: int, micro_batches: int = 1, reshard: bool = True) -> int:
     """Ring phases (a reduce-scatter or an all-gather of the whole model) per step under ZeRO ``stage``.
 
     Stages 0–1: 2 (the gradients' reduce-scatter and the weights' all-gather, or one all-reduce,
     which is both), however many micro-batches, as they add gradients into a full local buffer.
     Stage 2 keeps only a shard of the gradients, so it reduce-scatters each of the M
     micro-batches': M + 1. Stage 3 gathers the weights forward and backward, and reduce-scatters,
-    for every micro-batch: 3M.
+    for every micro-batch: 3M. With ``reshard=False`` (PyTorch FSDP's ``reshard_after_forward=False``,
+    as Llama 3 trained) stage 3 keeps the gathered weights from the forward pass for the backward, so
+    it gathers once per micro-batch: 2M.
 
     Example:
-        >>> [phases(stage, micro_batches=4) for stage in (0, 1, 2, 3)]
-        [2, 2, 5, 12]
+        >>> [phases(stage, micro_batches=4) for stage in (0, 1, 2, 3)], phases(3, 4, reshard=False)
+        ([2, 2, 5, 12], 8)
     """
     whole_number("stage", stage, minimum=0, maximum=3, hint="ZeRO has stages 0 to 3.")
     m = whole_number("micro_batches", micro_batches, hint="It is the number of micro-batches per step.")
-    return 2 if stage <= 1 else m + 1 if stage == 2 else 3 * m
+    return 2 if stage <= 1 else m + 1 if stage == 2 else (3 if reshard else 2) * m
 
 
-def bytes_per_device(stage: int, n: int, param_bytes: float, micro_batches: int = 1) -> float:
+def bytes_per_device(stage: int, n: int, param_bytes: float, micro_batches: int = 1, reshard: bool = True) -> float:
     """Bytes each device sends per step under ZeRO ``stage`` over n devices: 2(N−1)/N·S (stages 0–2) or 3(N−1)/N·S.
 
     Each ring phase sends (N−1)/N of the weights' bytes S per device; :func:`phases` counts
     them, so with ``micro_batches`` M > 1 stage 2 sends (M+1)(N−1)/N·S and stage 3 3M(N−1)/N·S.
-    Stage 3's third phase is the second all-gather of every layer's weights, for the backward pass.
+    Stage 3's third phase is the second all-gather of every layer's weights, for the backward pass
+    (none with ``reshard=False``).
 
     Example:
         >>> bytes_per_device(3, 4, 1000) / bytes_per_device(0, 4, 1000)
@@ -420,7 +423,7 @@ def bytes_per_device(stage: int, n: int, param_bytes: float, micro_batches: int 
     """
     whole_number("n", n, hint="It is the number of data-parallel devices.")
     real_number("param_bytes", param_bytes, minimum=0)
-    return phases(stage, micro_batches) * (n - 1) / n * param_bytes
+    return phases(stage, micro_batches, reshard) * (n - 1) / n * param_bytes
 
 
 def comm_seconds(stage: int, n: int, param_bytes: float, alpha_s: float = 1e-5,
