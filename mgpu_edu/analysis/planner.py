@@ -425,9 +425,13 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
     "65B on 64 H100s": (Model(layers=80, hidden=8192, heads=64, seq=4096, vocab=32000),
                         Cluster(devices=64, memory_bytes=80 * 2**30, flops=989e12), 1024, 50e9),
     "6.7B on 8 T4s": (Model(layers=32, hidden=4096, heads=32, seq=2048, vocab=32000),
-                    Cluster(devices=8, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
-                            inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
+                      Cluster(devices=8, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
+                              inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
+    "65B at 32K tokens on 64 H100s": (Model(layers=80, hidden=8192, heads=64, seq=32768, vocab=32000),
+                                      Cluster(devices=64, memory_bytes=80 * 2**30, flops=989e12), 64, None),
 }
+#: The jobs the Planner widget offers (the others are exercises whose answers it would show).
+WIDGET_JOBS = ("65B on 64 H100s", "6.7B on 8 T4s")
 
 
 def judge(puzzle: str, layout: Any, precision: str = "mixed") -> str:

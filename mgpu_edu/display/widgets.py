@@ -532,7 +532,7 @@ class ExpertLoad(_Displayed):
 
 
 class Planner(_Displayed):
-    """Choose a job (a model, a cluster and a global batch, ``planner.PUZZLES``) and a cap on the bytes each
+    """Choose a job (a model, a cluster and a global batch, ``planner.WIDGET_JOBS``) and a cap on the bytes each
     device may send per step; shows how many layouts fit, the fastest five by the cost model, and what each
     of them holds on its fullest device (:func:`mgpu_edu.planner.plan`). No TensorFlow: it only counts.
 
@@ -546,8 +546,8 @@ class Planner(_Displayed):
         from mgpu_edu.analysis import planner
 
         self._planner = planner
-        one_of("job", job, planner.PUZZLES)
-        self.job = w.Dropdown(options=list(planner.PUZZLES), value=job, description="job")
+        one_of("job", job, planner.WIDGET_JOBS)
+        self.job = w.Dropdown(options=list(planner.WIDGET_JOBS), value=job, description="job")
         self.max_sent = w.IntSlider(value=max_sent_gb, min=0, max=2000, step=10, description="GB sent ≤",
                                     continuous_update=False)
         self.image = w.Image(format="png")
@@ -572,7 +572,7 @@ class Planner(_Displayed):
                        f"<td>{p.sent_total / 1e9:,.1f} GB</td><td>{p.seconds:,.1f} s</td></tr>" for p in found[:5])
         self.info.value = (f"<p>{model.params / 1e9:,.1f} B parameters on {cluster.devices} devices of "
                            f"{cluster.memory_bytes / 2**30:,.0f} GiB, {batch:,} sequences per step, {cap}: "
-                           f"<b>{len(found)}</b> layouts fit.</p>"
+                           f"<b>{len(found)}</b> {'layout fits' if len(found) == 1 else 'layouts fit'}.</p>"
                            + ("<table><tr><th>layout</th><th>held (fullest device)</th><th>sent (busiest)</th>"
                               f"<th>step (model)</th></tr>"
                               f"{rows}</table>" if found else "<p>None fits: raise the cap.</p>"))
