@@ -429,7 +429,8 @@ def test_planner_in_jupyterlab(lab, chromium, tmp_path):
         assert int(_readout(widget, "GB sent ≤")) == cap + 10
         model, cluster, batch, _ = planner.PUZZLES["65B on 64 H100s"]
         count = len(planner.plan(model, cluster, batch, max_sent=(cap + 10) * 1e9))
-        _shows(page, widget, f"at most {cap + 10:,} GB sent per device per step: {count} layouts fit")
+        fit = "1 layout fits" if count == 1 else f"{count} layouts fit"
+        _shows(page, widget, f"at most {cap + 10:,} GB sent per device per step: {fit}")
         _redraw(page, widget, lambda: widget.locator("select").select_option("6.7B on 8 T4s"))
         after = _shows(page, widget, "6.7 B parameters on 8 devices of 15 GiB")
         if RESULTS_DIR:
