@@ -286,7 +286,8 @@ class Transformer:
 
     Each block: two norms, the query, key, value and output matrices, and an MLP of width ``ffn``
     (default 4·hidden): two matrices with GeLU, three with SwiGLU (gate, up, down). With ``bias``
-    (the course's GPT, GPT-2 and GPT-3) the norms are LayerNorms (a scale and a shift, 2·h each) and
+    (the course's GPT; GPT-2 and GPT-3 also have query, key and value biases, 3·h per block more) the norms
+    are LayerNorms (a scale and a shift, 2·h each) and
     the output projection and the MLP have biases; without it (Llama) the norms are RMSNorms (a scale,
     h each) and no matrix has a bias. ``kv_heads`` < ``heads`` is grouped-query attention: the key and
     value matrices are kv_heads/heads as wide (0: as many as the query heads). With ``experts`` > 1
@@ -421,7 +422,10 @@ def stage_params(model: Transformer, tensor_parallel: int = 1, pipeline_parallel
         >>> stage_params(tiny, 2, 2, stage=0), stage_params(tiny, 2, 2, stage=1)
         (8960, 8512)
     """
-    t, p, e = tensor_parallel, pipeline_parallel, expert_parallel
+    t = whole_number("tensor_parallel", tensor_parallel)
+    p = whole_number("pipeline_parallel", pipeline_parallel, maximum=model.layers,
+                     hint=f"Each stage needs at least one of the {model.layers} layers.")
+    e = whole_number("expert_parallel", expert_parallel)
     whole_number("stage", stage, minimum=0, maximum=p - 1, hint="Stages are numbered from 0.")
     split, whole, experts = model.block_params()
     count = (split // t + whole + experts // (t * e)) * stage_layers(model.layers, p)[stage]
@@ -450,6 +454,10 @@ def in_flight(pipeline: int, stage: int, micro_batches: int, virtual_stages: int
         >>> in_flight(4, 0, 8), in_flight(4, 3, 8), in_flight(4, 0, 8, virtual_stages=2)
         (4, 1, 5.5)
     """
+    whole_number("pipeline", pipeline)
+    whole_number("stage", stage, minimum=0, maximum=pipeline - 1, hint="Stages are numbered from 0.")
+    whole_number("micro_batches", micro_batches)
+    whole_number("virtual_stages", virtual_stages)
     if virtual_stages == 1:
         return min(pipeline - stage, micro_batches)
     chunks = 2 * (pipeline - stage - 1) + (virtual_stages - 1) * pipeline + 1

@@ -6,28 +6,29 @@ Every prediction is a count, per device, of the busiest stage: the model states 
 through :func:`memory.model_states`: values, gradients, optimizer; the embedding on the first stage and the
 head on the last, the blocks split over the stages as :func:`memory.stage_layers` says), the activations a
 stage keeps in flight (:meth:`memory.Transformer.layer_activations` × :func:`memory.in_flight`, or only each
-stage's input with ``recompute="stage"``), and the bytes sent per step by each axis with lesson 12's
-formulas: tensor parallelism's all-reduces of s·b·h (or, with sequence parallelism, as many bytes in
-all-gathers and reduce-scatters), the pipeline's activations and their gradients between stages, the data
-axis's gradient and weight traffic (:func:`sharding.bytes_per_device`), context parallelism's key/value ring
-and expert parallelism's two all-to-alls. The step time is lesson 08's cost model: the stage's training FLOPs
+stage's input with ``recompute="stage"``), and the bytes sent per step by each axis with lesson 12's formulas:
+tensor parallelism's all-reduces of s·b·h (or, with sequence parallelism, as many bytes in all-gathers and
+reduce-scatters, and the two all-gathers per block that the backward pass repeats), the pipeline's activations
+and their gradients between stages, the data axis's gradient and weight traffic
+(:func:`sharding.bytes_per_device`), context parallelism's key/value ring and expert parallelism's two all-to-
+alls. The step time is lesson 08's cost model: the stage's training FLOPs
 (:func:`costmodel.transformer_flops`, recomputation's extra included) at a fraction of the devices' peak,
-stretched by the pipeline's bubble, (P − 1)/(V·M) of the ideal time (Narayanan et al., 2021, §2.2), plus
-each axis's communication by lesson 03's α-β model, at the bandwidth of the link that axis crosses (inside
-a node for tensor and expert parallelism when they fit in one; between nodes otherwise), none of it
-overlapped. It is a model: it ranks layouts; it does not promise seconds.
+stretched by the pipeline's bubble, (P − 1)/(V·M) of the ideal time (Narayanan et al., 2021, §2.2), plus each
+axis's communication by lesson 03's α-β model, at the bandwidth of the link that axis crosses (inside a node
+for tensor and expert parallelism when they fit in one; between nodes otherwise), none of it overlapped. It is
+a model: it ranks layouts; it does not promise seconds.
 
-Besides what is kept between a micro-batch's forward and backward passes, it counts the working memory of
-the backward pass: the loss's float32 logits on the last stage and, with recomputation, one layer's
-activations recomputed at a time ("working"). It leaves out ZeRO-3's gathered layer, communication buffers,
-the CUDA context and fragmentation (the 10 % of memory it keeps spare stands for them), and overlap of any
-kind. Pipeline traffic is charged at the link between nodes (conservative when stages share a node). Without
-sequence parallelism each tensor rank sends its whole copy of a stage's output to the next stage, as the
-course's layouts do; with it, its share.
+Besides what is kept between a micro-batch's forward and backward passes, it counts the working memory of the
+backward pass: the loss's float32 logits on the last stage and, with recomputation, what one layer recomputes
+at a time, its activations or (selective) its attention scores ("working"). It leaves out ZeRO-3's gathered
+layer, communication buffers, the CUDA context and fragmentation (the 10 % of memory it keeps spare stands for
+them), and overlap of any kind. Pipeline traffic is charged at the link between nodes (conservative when
+stages share a node). Without sequence parallelism each tensor rank sends its whole copy of a stage's output
+to the next stage, as the course's layouts do; with it, its share.
 
 The counts for the course's tiny GPT equal what lesson 16's 3-D run measured (the lesson asserts it); the
-published figures it reproduces (the ZeRO paper, Narayanan et al., Korthikanti et al., Llama 3, the
-Ultra-Scale Playbook) are checked in tests/test_planner.py, each beside its source.
+published figures it reproduces (the ZeRO paper, Narayanan et al., Korthikanti et al., Llama 3, the Ultra-
+Scale Playbook) are checked in tests/test_published_runs.py, each beside its source.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import dataclasses
 import itertools
 from typing import Any
 
-from mgpu_edu._validate import BadArgument, one_of, positive_number, whole_number
+from mgpu_edu._validate import BadArgument, one_of, positive_number, real_number, whole_number
 from mgpu_edu.analysis import costmodel, memory
 from mgpu_edu.parallelism import pipeline, sharding
 
@@ -61,6 +62,14 @@ class Cluster:
     inter_bandwidth: float = 50e9
     alpha_s: float = 5e-6
     efficiency: float = 0.4
+
+    def __post_init__(self) -> None:
+        whole_number("devices", self.devices, where="Cluster")
+        whole_number("per_node", self.per_node, where="Cluster")
+        for name in ("memory_bytes", "flops", "intra_bandwidth", "inter_bandwidth"):
+            positive_number(name, getattr(self, name))
+        real_number("efficiency", self.efficiency, 0, 1, above=True, hint="It is the share of peak reached.")
+        real_number("alpha_s", self.alpha_s, minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +163,9 @@ def _check(model: Model, layout: Layout) -> None:
         raise BadArgument(f"virtual_stages={v} (the interleaved schedule) needs a pipeline, a number of micro-batches "
                           f"that is a multiple of pipeline={p} (it has {layout.micro_batches}), and at least {v} "
                           f"layers on every stage: use virtual_stages=1, or change those.")
+    if v > 1 and layout.recompute == "stage":
+        raise BadArgument(f"recompute='stage' keeps one input per stage, as the course's 3-D run does; with "
+                          f"virtual_stages={v} each chunk keeps its own: use recompute='full'.")
     if not layout.reshard and layout.zero != 3:
         raise BadArgument(f"reshard=False keeps ZeRO-3's gathered weights; zero={layout.zero} gathers none: use "
                           "zero=3, or leave reshard=True.")
@@ -187,6 +199,10 @@ def predict(model: Model, layout: Layout, cluster: Cluster | None = None, precis
         >>> p.params_per_device, p.sent["tensor"], p.sent["pipeline"], p.sent["data"]
         (8960, 40960.0, 8192.0, 35840.0)
     """
+    if not isinstance(model, Model) or not isinstance(layout, Layout) or not isinstance(cluster, Cluster | None):
+        raise BadArgument(f"predict(model, layout, cluster) takes a planner.Model, a planner.Layout and a "
+                          f"planner.Cluster (or None); got {type(model).__name__}, {type(layout).__name__} and "
+                          f"{type(cluster).__name__}.")
     _check(model, layout)
     one_of("precision", precision, memory.PRECISIONS)
     whole_number("stage", 0 if stage is None else stage, minimum=0, maximum=layout.pipeline - 1,
@@ -249,6 +265,8 @@ class _Job:
         working = logits if last else 0.0  # the loss's float32 logits
         if lay.recompute in ("full", "stage"):  # one layer's activations, recomputed during the backward pass
             working += self.working_layer
+        elif lay.recompute == "selective":  # one layer's attention scores, recomputed during the backward pass
+            working += self.working_layer - self.kept_layer
         return count, {"weights": weights, "gradients": states.grads, "optimizer": states.optimizer,
                        "activations": float(activations), "working": float(working)}
 
@@ -264,7 +282,8 @@ class _Job:
         n = lay.data * lay.context
         sp = lay.sequence_parallel
         # tensor: per block and micro-batch, 2 all-reduces forward and 2 backward (Megatron's g and f), or with
-        # sequence parallelism an all-gather and a reduce-scatter for each, as many bytes; recomputation runs the
+        # sequence parallelism an all-gather and a reduce-scatter for each, as many bytes, plus the all-gathers the
+        # backward repeats (Megatron-LM keeps each linear's input split and gathers it again); recomputation runs the
         # forward again. Recomputing a whole stage, TensorFlow drops the stage's last all-reduce except on the last
         # stage: it makes the stage's output, which no backward op reads (a residual add's gradient needs no
         # forward values) but the last stage's final LayerNorm does. Megatron's per-layer recomputation reruns both.
@@ -274,6 +293,8 @@ class _Job:
         elif lay.recompute == "stage":
             reduces += 2 * layers - (0 if last else 1)
         tensor_sent = m * reduces * 2 * (t - 1) / t * self.boundary
+        if sp:  # the weights' gradients need each linear's whole input: gathered again in the backward pass
+            tensor_sent += m * 2 * layers * (t - 1) / t * self.boundary
         # pipeline: each micro-batch's activations forward and gradients back, V times with V chunks per device
         pipeline_sent = 0.0
         if p > 1:

@@ -397,16 +397,17 @@ def phases(stage: int, micro_batches: int = 1, reshard: bool = True) -> int:
     Stage 2 keeps only a shard of the gradients, so it reduce-scatters each of the M
     micro-batches': M + 1. Stage 3 gathers the weights forward and backward, and reduce-scatters,
     for every micro-batch: 3M. With ``reshard=False`` (PyTorch FSDP's ``reshard_after_forward=False``,
-    as Llama 3 trained) stage 3 keeps the gathered weights from the forward pass for the backward, so
-    it gathers once per micro-batch: 2M.
+    as Llama 3 trained) stage 3 keeps the gathered weights from the forward pass for the backward, and
+    with micro-batches in flight they stay gathered through the step: one gather, and a reduce-scatter
+    per micro-batch, M + 1, as stage 2.
 
     Example:
         >>> [phases(stage, micro_batches=4) for stage in (0, 1, 2, 3)], phases(3, 4, reshard=False)
-        ([2, 2, 5, 12], 8)
+        ([2, 2, 5, 12], 5)
     """
     whole_number("stage", stage, minimum=0, maximum=3, hint="ZeRO has stages 0 to 3.")
     m = whole_number("micro_batches", micro_batches, hint="It is the number of micro-batches per step.")
-    return 2 if stage <= 1 else m + 1 if stage == 2 else (3 if reshard else 2) * m
+    return 2 if stage <= 1 else m + 1 if stage == 2 or not reshard else 3 * m
 
 
 def bytes_per_device(stage: int, n: int, param_bytes: float, micro_batches: int = 1, reshard: bool = True) -> float:
