@@ -153,23 +153,30 @@ def test_korthikanti_table_5_hfu_counts_three_times_the_recomputed_attention(nam
     assert float(hfu) / float(mfu) == pytest.approx(eq8_over_eq7, abs=0.002)  # both printed to 0.1 %
     model = gpt(layers, hidden, heads)
     ours = costmodel.transformer_flops(model, "selective").total / costmodel.transformer_flops(model).total
-    assert ours - 1 == pytest.approx((eq8_over_eq7 - 1) / 3, rel=0.02) and ours < eq8_over_eq7
+    assert ours - 1 == pytest.approx((eq8_over_eq7 - 1) / 3, rel=1e-9) and ours < eq8_over_eq7
 
 
 def test_korthikanti_table_5_speed_ups_predicted():
-    """The planner's step time for full recomputation over its time for sequence parallelism with selective
-    recomputation, against Table 5's measured throughput increase (29.0 % to 32.1 %): a model of the step, with
-    no overlap and a flat 50 % of peak, within 6 points of every measurement."""
+    """Table 5's throughput increase of sequence parallelism with selective recomputation over full recomputation,
+    measured on each model (29.0 % to 32.1 %), against what the counts predict. The FLOPs that full recomputation
+    adds (`costmodel.transformer_flops`, "full" over "selective") account for each within 3 points: what is left
+    is the kernels and the overlap that FLOPs don't see. The planner's step times, at a flat 50 % of peak with
+    nothing overlapped, move that by at most 2 points, since both layouts send about as much (full recomputation
+    reruns the forward's all-reduces; sequence parallelism gathers each block's inputs again), and rank the
+    paper's method first for every model."""
     for name, ((heads, hidden, layers, t, p, gpus, batch, micro, v), (full_s, ours_s, _, _)) in KORTHIKANTI.items():
         model = gpt(layers, hidden, heads)
+        measured = full_s / ours_s - 1
+        flops = costmodel.transformer_flops(model, "full").total / costmodel.transformer_flops(model, "selective").total
+        assert flops - 1 == pytest.approx(measured, abs=0.03), name
         a100s = planner.Cluster(devices=gpus, memory_bytes=80 * GiB, flops=312e12, efficiency=0.5)
         common = {"micro_batch": micro, "micro_batches": batch // micro, "virtual_stages": v}
         full = planner.predict(model, planner.Layout(1, t, p, recompute="full", sequence_parallel=False, **common),
                                a100s, split_embeddings=True)
         present = planner.predict(model, planner.Layout(1, t, p, recompute="selective", **common), a100s,
                                   split_embeddings=True)
-        assert full.fits and present.fits
-        assert full.seconds / present.seconds - 1 == pytest.approx(full_s / ours_s - 1, abs=0.06), name
+        assert full.fits and present.fits and present.seconds < full.seconds
+        assert full.seconds / present.seconds == pytest.approx(flops, abs=0.02), name
 
 
 # ---------------------------------------------------------------------------------------------------- Llama 3
@@ -207,14 +214,17 @@ def test_llama3_table_4_layouts_fit_without_recomputation(row):
     FSDP that keeps the gathered weights for the backward,
     fp32 gradient accumulation and a FlashAttention-style kernel, the planner says it fits an 80 GB H100 with no
     activation recomputation ("we could pre-train Llama 3 on sequences of 8K tokens without activation
-    checkpointing"); resharding nothing (ZeRO-1) would not."""
+    checkpointing"); resharding nothing (ZeRO-1) would not. The MFU the planner predicts for it is lower than the
+    published: its cost model overlaps no communication with compute, and the real run hides most of it."""
     gpus, t, c, p, d, seq, per_dp, tflops, mfu = row
     assert memory.stage_layers(126, p) == [7] + [8] * 14 + [7]
     assert d * per_dp * seq == 2**24 and t * c * p * d == gpus and abs(100 * tflops / 989 - int(mfu)) < 1
     model = llama("405B", seq=seq, attention="flash")
     h100s = planner.Cluster(devices=gpus, memory_bytes=80 * GiB, flops=989e12)
     fsdp = planner.Layout(d, t, p, c, zero=3, reshard=False, micro_batch=1, micro_batches=per_dp)
-    assert planner.predict(model, fsdp, h100s, "mixed_fp32_grads", split_embeddings=True).fits
+    prediction = planner.predict(model, fsdp, h100s, "mixed_fp32_grads", split_embeddings=True)
+    assert prediction.fits
+    assert prediction.mfu < int(mfu) / 100  # nothing overlapped: FSDP's and the pipeline's traffic hide in the run
     assert not planner.predict(model, dataclasses.replace(fsdp, zero=1, reshard=True), h100s, "mixed_fp32_grads",
                                split_embeddings=True).fits
 

@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from mgpu_edu._validate import one_of, positive_number, real_number, whole_number
+from mgpu_edu.analysis.memory import RECOMPUTE
 from mgpu_edu.parallelism.allreduce import ALGORITHMS, alpha_beta_time
 
 #: Datasheet **peak** dense throughput, TFLOP/s: plain fp32; "tf32", the tensor-core format TensorFlow
@@ -155,7 +156,7 @@ def transformer_flops(model: Any, recompute: str = "none") -> TokenFlops:
         >>> round(transformer_flops(gpt3).total / (6 * gpt3.params), 3)  # 6 per weight, plus attention
         1.024
     """
-    one_of("recompute", recompute, ("none", "selective", "full"))
+    one_of("recompute", recompute, RECOMPUTE)
     attention, mlp = model.matrices()
     routed = mlp * model.top_k + (model.hidden * model.experts if model.experts > 1 else 0)
     matmuls = 2 * (attention + routed)

@@ -20,6 +20,7 @@ data × tensor × pipeline layout together. Pure arithmetic: no TensorFlow, no G
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -180,15 +181,17 @@ def transformer_activations(seq: int, batch: int, hidden: int, heads: int, tenso
     one_of("bytes_per_value", bytes_per_value, (2, 4), hint="2 for 16-bit activations, 4 for float32.")
     one_of("mlp", mlp, MLPS)
     one_of("attention", attention, ATTENTION)
-    if heads % tensor_parallel or hidden % tensor_parallel or kv_heads % tensor_parallel:
-        raise BadArgument(f"tensor_parallel={tensor_parallel} must divide heads={heads}, kv_heads={kv_heads} and "
-                          f"hidden={hidden}: tensor parallelism splits the attention heads and the MLP's columns. "
-                          f"Pick a common divisor, e.g. tensor_parallel={math.gcd(heads, kv_heads, hidden, 8)}.")
+    width = ffn or 4 * hidden
+    if heads % tensor_parallel or hidden % tensor_parallel or kv_heads % tensor_parallel or width % tensor_parallel:
+        raise BadArgument(f"tensor_parallel={tensor_parallel} must divide heads={heads}, kv_heads={kv_heads}, "
+                          f"hidden={hidden} and the MLP's width {width}: tensor parallelism splits the attention "
+                          f"heads and the MLP's columns. Pick a common divisor, e.g. "
+                          f"tensor_parallel={math.gcd(heads, kv_heads, hidden, width, 8)}.")
     if seq % context_parallel:
         raise BadArgument(f"context_parallel={context_parallel} must divide seq={seq}: each device holds an equal "
                           f"part of the sequence. Pick a divisor, e.g. context_parallel={math.gcd(seq, 8)}.")
     return _layer_activations(seq, batch, hidden, heads, tensor_parallel, sequence_parallel, recompute,
-                              bytes_per_value, dropout, kv_heads, ffn or 4 * hidden, mlp, context_parallel, attention)
+                              bytes_per_value, dropout, kv_heads, width, mlp, context_parallel, attention)
 
 
 def _layer_activations(s: int, b: int, h: int, a: int, t: int, sp: bool, recompute: str, v: int, dropout: bool,
@@ -349,6 +352,9 @@ class Transformer:
 
     def block_params(self) -> tuple[int, int, int]:
         """One block's parameters: (split by tensor parallelism, held whole by every tensor rank, in experts)."""
+        return _block_params(self)
+
+    def _block_params(self) -> tuple[int, int, int]:
         h, f = self.hidden, self.width
         attention, mlp = self.matrices()
         norm = 2 * h if self.bias else h
@@ -386,6 +392,11 @@ class Transformer:
                                        context_parallel=context_parallel, attention=self.attention)
 
 
+@functools.cache
+def _block_params(model: Transformer) -> tuple[int, int, int]:
+    return model._block_params()  # a planner asks for it thousands of times per job
+
+
 def stage_layers(layers: int, pipeline: int) -> list[int]:
     """How many blocks each of ``pipeline`` stages holds: as even as can be, one fewer on the outer stages first.
 
@@ -399,11 +410,16 @@ def stage_layers(layers: int, pipeline: int) -> list[int]:
         [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
     """
     whole_number("pipeline", pipeline, maximum=layers, hint=f"Each stage needs at least one of the {layers} layers.")
+    return list(_stage_layers(layers, pipeline))
+
+
+@functools.cache
+def _stage_layers(layers: int, pipeline: int) -> tuple[int, ...]:
     most = -(-layers // pipeline)
     counts = [most] * pipeline
     for i in range(most * pipeline - layers):  # the outer stages first: 0, p−1, 1, p−2, ...
         counts[i // 2 if i % 2 == 0 else pipeline - 1 - i // 2] -= 1
-    return counts
+    return tuple(counts)
 
 
 def stage_params(model: Transformer, tensor_parallel: int = 1, pipeline_parallel: int = 1, stage: int = 0,
@@ -428,7 +444,7 @@ def stage_params(model: Transformer, tensor_parallel: int = 1, pipeline_parallel
     e = whole_number("expert_parallel", expert_parallel)
     whole_number("stage", stage, minimum=0, maximum=p - 1, hint="Stages are numbered from 0.")
     split, whole, experts = model.block_params()
-    count = (split // t + whole + experts // (t * e)) * stage_layers(model.layers, p)[stage]
+    count = (split // t + whole + experts // (t * e)) * _stage_layers(model.layers, p)[stage]
     first, norm, head = model.outside_params()
     table = model.vocab * model.hidden
     shard = table // t if split_embeddings else table
@@ -447,8 +463,8 @@ def in_flight(pipeline: int, stage: int, micro_batches: int, virtual_stages: int
     2·(P − s − 1) + (V − 1)·P chunks before its first backward (as Megatron-LM schedules it), so stage
     s keeps that many plus one chunks, V chunks being one micro-batch's worth of the stage's layers: on
     the first stage P + (P − 1)/V, 1F1B's P times Korthikanti et al.'s factor for the interleaved
-    schedule, 1 + (P − 1)/(P·V) (§4.2.3). With no pipeline, gradient accumulation runs the micro-batches
-    one after another: one.
+    schedule, 1 + (P − 1)/(P·V) (§4.2.3); with M = P Megatron-LM runs every forward first, so all M are.
+    With no pipeline, gradient accumulation runs the micro-batches one after another: one.
 
     Example:
         >>> in_flight(4, 0, 8), in_flight(4, 3, 8), in_flight(4, 0, 8, virtual_stages=2)
@@ -460,6 +476,8 @@ def in_flight(pipeline: int, stage: int, micro_batches: int, virtual_stages: int
     whole_number("virtual_stages", virtual_stages)
     if virtual_stages == 1:
         return min(pipeline - stage, micro_batches)
+    if micro_batches == pipeline:  # Megatron-LM then runs every forward first: all of them are in flight
+        return micro_batches
     chunks = 2 * (pipeline - stage - 1) + (virtual_stages - 1) * pipeline + 1
     return min(chunks, virtual_stages * micro_batches) / virtual_stages
 
@@ -497,7 +515,8 @@ def transformer_memory(model: Transformer, micro_batch: int, data_parallel: int 
                        sequence_parallel: bool = False, pipeline_stage: int = 0) -> DeviceMemory:
     """Memory per device of pipeline stage ``pipeline_stage`` for a transformer: its model states
     (:func:`stage_params`, the embedding on the first stage and the head on the last) and its layers'
-    activations (Korthikanti), for the micro-batches a 1F1B pipeline keeps in flight there.
+    activations (Korthikanti), for the micro-batches a 1F1B pipeline keeps in flight there
+    (:func:`stage_memory` counts them; the planner calls it too, with more axes).
 
     Activations are 16-bit with mixed precision and float32 with ``"fp32"``.
 
@@ -510,11 +529,37 @@ def transformer_memory(model: Transformer, micro_batch: int, data_parallel: int 
         whole_number(name, value)
     whole_number("pipeline_parallel", pipeline_parallel, maximum=model.layers,
                  hint=f"Each stage needs at least one of the {model.layers} layers.")
+    whole_number("pipeline_stage", pipeline_stage, minimum=0, maximum=pipeline_parallel - 1,
+                 hint="Stages are numbered from 0.")
     one_of("precision", precision, PRECISIONS)
-    count = stage_params(model, tensor_parallel, pipeline_parallel, pipeline_stage)
-    states = model_states(count, data_parallel, zero_stage, optimizer, precision)
+    one_of("optimizer", optimizer, OPTIMIZER_STATE[precision], hint="'momentum' is SGD with momentum.")
+    whole_number("zero_stage", zero_stage, minimum=0, maximum=3, hint="ZeRO has stages 0 (none), 1, 2 and 3.")
     per_layer = model.layer_activations(micro_batch, tensor_parallel, sequence_parallel, recompute,
                                         PRECISIONS[precision][0])
-    layers = stage_layers(model.layers, pipeline_parallel)[pipeline_stage]
-    kept = per_layer * layers * in_flight(pipeline_parallel, pipeline_stage, accumulation)
-    return DeviceMemory(states.params, states.grads, states.optimizer, kept)
+    return stage_memory(model, per_layer, pipeline_stage, data_parallel, tensor_parallel, pipeline_parallel,
+                        zero_stage, accumulation, optimizer, precision)
+
+
+def stage_memory(model: Transformer, per_layer: float, stage: int, data_parallel: int, tensor_parallel: int,
+                 pipeline_parallel: int, zero_stage: int, micro_batches: int, optimizer: str = "adam",
+                 precision: str = "mixed", expert_parallel: int = 1, virtual_stages: int = 1,
+                 split_embeddings: bool = False, reshard: bool = True, params: int | None = None) -> DeviceMemory:
+    """What one device of pipeline stage ``stage`` holds: the model states of its ``params`` (counted by
+    :func:`stage_params` unless given),
+    ZeRO over ``data_parallel`` devices) and ``per_layer`` bytes of activations for each of its layers
+    (:func:`stage_layers`), for the micro-batches it keeps in flight (:func:`in_flight`). ZeRO-3 with
+    ``reshard=False`` holds the stage's gathered 16-bit weights whole. The counting core of
+    :func:`transformer_memory` and the planner, which check their arguments first.
+
+    Example:
+        >>> tiny = Transformer(layers=2, hidden=32, heads=4, seq=16, vocab=64)
+        >>> stage_memory(tiny, 1000.0, 0, 2, 2, 2, 1, 4, precision="fp32")
+        DeviceMemory(params=35840.0, grads=35840.0, optimizer=35840.0, activations=2000.0)
+    """
+    if params is None:
+        params = stage_params(model, tensor_parallel, pipeline_parallel, stage, expert_parallel, split_embeddings)
+    states = model_states(params, data_parallel, zero_stage, optimizer, precision)
+    weights = states.params if reshard else params * PRECISIONS[precision][0]
+    kept = per_layer * _stage_layers(model.layers, pipeline_parallel)[stage] * in_flight(
+        pipeline_parallel, stage, micro_batches, virtual_stages)
+    return DeviceMemory(weights, states.grads, states.optimizer, kept)

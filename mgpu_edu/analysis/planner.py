@@ -78,11 +78,12 @@ class Layout:
     micro-batches per step (a pipeline's, or gradient accumulation's), and what the backward pass recomputes.
 
     ``sequence_parallel`` (Korthikanti et al., 2022) splits what tensor parallelism leaves whole along the
-    sequence; it is on whenever ``tensor`` > 1 unless set False. ``virtual_stages`` V > 1 is the
-    interleaved 1F1B schedule: V chunks of layers per device, a bubble V times smaller, V times the
-    pipeline's messages (Narayanan et al., 2021, §2.2.2). ``reshard=False`` keeps ZeRO-3's gathered weights
-    from the forward pass for the backward (PyTorch FSDP's ``reshard_after_forward=False``): one gather
-    per micro-batch fewer, and the stage's whole weights held.
+    sequence; it is on whenever ``tensor`` > 1 unless set False. ``virtual_stages`` V > 1 is the interleaved
+    1F1B schedule: V chunks of layers per device, a bubble V times smaller, V times the pipeline's messages
+    (Narayanan et al., 2021, §2.2.2). ``dataclasses.replace`` keeps the resolved ``sequence_parallel``: pass
+    ``sequence_parallel=None`` with a new tensor degree to resolve it again. ``reshard=False`` keeps ZeRO-3's
+    gathered weights from the forward pass for the backward (PyTorch FSDP's ``reshard_after_forward=False``):
+    the stage's whole 16-bit weights held, and one gather per step (:func:`sharding.phases`).
     """
 
     data: int
@@ -159,10 +160,11 @@ def _check(model: Model, layout: Layout) -> None:
     if model.experts % layout.expert or (layout.expert > 1 and layout.data * layout.context % layout.expert):
         raise BadArgument(f"expert={layout.expert} must divide the {model.experts} experts and the data × context "
                           f"degree ({layout.data * layout.context}), whose devices it spreads them over.")
-    if v > 1 and (p == 1 or layout.micro_batches % p or min(memory.stage_layers(model.layers, p)) < v):
+    if v > 1 and (p == 1 or layout.micro_batches % p or model.layers % (p * v)):
         raise BadArgument(f"virtual_stages={v} (the interleaved schedule) needs a pipeline, a number of micro-batches "
-                          f"that is a multiple of pipeline={p} (it has {layout.micro_batches}), and at least {v} "
-                          f"layers on every stage: use virtual_stages=1, or change those.")
+                          f"that is a multiple of pipeline={p} (it has {layout.micro_batches}), and layers that "
+                          f"split evenly into pipeline × virtual_stages chunks ({model.layers} layers, "
+                          f"{p * v} chunks), as Megatron-LM requires: use virtual_stages=1, or change those.")
     if v > 1 and layout.recompute == "stage":
         raise BadArgument(f"recompute='stage' keeps one input per stage, as the course's 3-D run does; with "
                           f"virtual_stages={v} each chunk keeps its own: use recompute='full'.")
@@ -172,13 +174,8 @@ def _check(model: Model, layout: Layout) -> None:
 
 
 def params_per_device(model: Model, layout: Layout, stage: int = 0, split_embeddings: bool = False) -> int:
-    """Parameters one device of pipeline stage ``stage`` holds before ZeRO-3 divides them (:func:`memory.stage_params`).
-
-    The stage's blocks: the split parts divided by the tensor degree (experts by the expert degree too), the
-    rest whole. The embedding sits on the first stage, the final norm and head on the last; with
-    ``split_embeddings`` (Megatron-LM's vocabulary-parallel embedding and head) the tensor ranks split them,
-    otherwise (the course's layouts) each holds them whole.
-    """
+    """Parameters one device of pipeline stage ``stage`` holds before ZeRO-3 divides them: :func:`memory.stage_params`
+    for the layout's tensor, pipeline and expert degrees."""
     _check(model, layout)
     return memory.stage_params(model, layout.tensor, layout.pipeline, stage, layout.expert, split_embeddings)
 
@@ -249,26 +246,27 @@ class _Job:
         self.model_flops = costmodel.transformer_flops(model) if recompute != "none" else self.flops
 
     def held(self, stage: int) -> tuple[int, dict[str, float]]:
-        """The parameters one device of ``stage`` holds, and its bytes held by kind."""
-        model, lay, value = self.model, self.layout, self.value
+        """The parameters one device of ``stage`` holds, and its bytes held by kind (:func:`memory.stage_memory`)."""
+        model, lay = self.model, self.layout
         t, p = lay.tensor, lay.pipeline
         first, last = stage == 0, stage == p - 1
         count = memory.stage_params(model, t, p, stage, lay.expert, self.split_embeddings)
-        states = memory.model_states(count, lay.data * lay.context, lay.zero, "adam", self.precision)
-        weights = states.params if lay.reshard else count * value  # ZeRO-3 without resharding holds them whole
-        if lay.recompute == "stage":  # only the stage's input, per micro-batch in flight
+        if lay.recompute == "stage":  # only the stage's input, per micro-batch in flight: a layer's worth on each
             kept = self.tokens * 4 if first else self.boundary / (t if lay.sequence_parallel else 1)
+            per_layer = kept / self.layers[stage]
         else:
-            kept = self.layers[stage] * self.kept_layer
-        activations = kept * memory.in_flight(p, stage, lay.micro_batches, lay.virtual_stages)
+            per_layer = self.kept_layer
+        held = memory.stage_memory(model, per_layer, stage, lay.data * lay.context, t, p, lay.zero, lay.micro_batches,
+                                   "adam", self.precision, lay.expert, lay.virtual_stages, self.split_embeddings,
+                                   lay.reshard, count)
         logits = self.tokens * model.vocab * 4 / (t if self.split_embeddings else 1)
         working = logits if last else 0.0  # the loss's float32 logits
         if lay.recompute in ("full", "stage"):  # one layer's activations, recomputed during the backward pass
             working += self.working_layer
         elif lay.recompute == "selective":  # one layer's attention scores, recomputed during the backward pass
             working += self.working_layer - self.kept_layer
-        return count, {"weights": weights, "gradients": states.grads, "optimizer": states.optimizer,
-                       "activations": float(activations), "working": float(working)}
+        return count, {"weights": held.params, "gradients": held.grads, "optimizer": held.optimizer,
+                       "activations": float(held.activations), "working": float(working)}
 
     def fits(self, held: dict[str, float]) -> bool:
         return sum(held.values()) <= memory.USABLE_FRACTION * self.cluster.memory_bytes
