@@ -119,8 +119,9 @@ class Layout:
 @dataclasses.dataclass(frozen=True)
 class Prediction:
     """What a layout costs per device: bytes held (by kind) and sent per step (by axis), on the busiest device,
-    the predicted step time in seconds and the model-FLOPs utilisation it implies (``None`` when no cluster
-    was given)."""
+    the predicted step time in seconds, where it goes (``time``: the compute, the pipeline's bubble and each
+    axis's communication, on the slowest stage) and the model-FLOPs utilisation it implies (``None`` when no
+    cluster was given)."""
 
     layout: Layout
     params_per_device: int
@@ -129,6 +130,7 @@ class Prediction:
     seconds: float | None = None
     fits: bool | None = None
     mfu: float | None = None
+    time: dict[str, float] | None = None
 
     @property
     def held_total(self) -> float:
@@ -223,7 +225,7 @@ def _predict(model: Model, layout: Layout, cluster: Cluster | None, precision: s
         return Prediction(layout, fullest.params_per_device, fullest.held, busiest.sent)
     slowest = max(each, key=lambda p: p.seconds)
     return Prediction(layout, fullest.params_per_device, fullest.held, busiest.sent, slowest.seconds, fullest.fits,
-                      slowest.mfu)
+                      slowest.mfu, slowest.time)
 
 
 class _Job:
@@ -312,20 +314,21 @@ class _Job:
                 "context": context_sent, "expert": expert_sent}
         if self.cluster is None:
             return Prediction(lay, count, held, sent)
-        seconds = self._seconds(layers, last, sent, reduces)
+        time = self._seconds(layers, last, sent, reduces)
+        seconds = sum(time.values())
         tokens_per_step = lay.micro_batch * m * lay.data * model.seq
         mfu = self.model_flops.total * tokens_per_step / (seconds * lay.devices * self.cluster.flops)
-        return Prediction(lay, count, held, sent, seconds, self.fits(held), mfu)
+        return Prediction(lay, count, held, sent, seconds, self.fits(held), mfu, time)
 
-    def _seconds(self, layers: int, last: bool, sent: dict[str, float], reduces: int) -> float:
-        """Lesson 08's cost model for one stage: its compute at ``efficiency`` of peak, stretched by the bubble, plus
-        α-β communication."""
+    def _seconds(self, layers: int, last: bool, sent: dict[str, float], reduces: int) -> dict[str, float]:
+        """Lesson 08's cost model for one stage, in seconds: its compute at ``efficiency`` of peak, the bubble, and
+        each axis's α-β communication."""
         model, lay, cluster = self.model, self.layout, self.cluster
         m = lay.micro_batches
         flops = self.flops.layer * layers + (self.flops.head if last else 0.0)  # per token, the whole stage's
         per_device = flops * lay.micro_batch * model.seq / (lay.tensor * lay.context)  # one micro-batch
         bubble = pipeline.bubble_ratio(lay.pipeline, m, lay.virtual_stages)
-        compute = per_device * m * (1 + bubble) / (cluster.flops * cluster.efficiency)
+        compute = per_device * m / (cluster.flops * cluster.efficiency)
         inside = lay.tensor * max(lay.expert, 1) <= cluster.per_node
         link = {"tensor": cluster.intra_bandwidth if lay.tensor <= cluster.per_node else cluster.inter_bandwidth,
                 "expert": cluster.intra_bandwidth if inside else cluster.inter_bandwidth,
@@ -341,8 +344,8 @@ class _Job:
                     "data": sharding.phases(lay.zero, m, lay.reshard) * max(lay.data * lay.context - 1, 0),
                     "context": m * layers * 4 * max(lay.context - 1, 0),
                     "expert": m * layers * 6 * max(lay.expert - 1, 0)}
-        communication = sum(sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent)
-        return compute + communication
+        return {"compute": compute, "bubble": compute * bubble,
+                **{a: sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent}}
 
 
 def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[int, ...] = (0, 1, 2, 3),
@@ -382,7 +385,7 @@ def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[in
 
 
 def plan(model: Model, cluster: Cluster, global_batch: int, max_sent: float | None = None,
-         precision: str = "mixed", **options: Any) -> list[Prediction]:
+         precision: str = "mixed", split_embeddings: bool = False, **options: Any) -> list[Prediction]:
     """The layouts that fit (and send at most ``max_sent`` bytes per device per step), fastest first.
 
     ``options`` go to :func:`layouts` (e.g. ``sequence_parallel=(False,)`` to leave it out).
@@ -391,7 +394,7 @@ def plan(model: Model, cluster: Cluster, global_batch: int, max_sent: float | No
     kept = []
     one_of("precision", precision, memory.PRECISIONS)
     for layout in layouts(model, cluster.devices, global_batch, **options):  # each checked by layouts
-        prediction = _predict(model, layout, cluster, precision, False, None, fitting=True)
+        prediction = _predict(model, layout, cluster, precision, split_embeddings, None, fitting=True)
         if prediction is not None and (max_sent is None or prediction.sent_total <= max_sent):
             kept.append(prediction)
     return sorted(kept, key=lambda p: (p.seconds, p.held_total))
@@ -422,7 +425,7 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
                   "activations": f"{shrink}recomputation or a smaller micro-batch (more micro-batches) shrinks them"
                                  if layout.recompute == "none" else f"{shrink}a smaller micro-batch, or tensor or "
                                                                     "context parallelism, shrinks them",
-                  "working": "a smaller micro-batch, or tensor or context parallelism, shrinks it"}[worst]
+                  "working": "fewer tokens per device shrink it: a smaller micro-batch, or context parallelism"}[worst]
         return (f"it needs {prediction.held_total / 2**30:,.1f} GiB on its fullest device, more than "
                 f"{memory.USABLE_FRACTION:.0%} of {cluster.memory_bytes / 2**30:,.0f} GiB; the largest part is "
                 f"{worst} ({held[worst] / 2**30:,.1f} GiB): {remedy}.")
@@ -448,6 +451,10 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
                               inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
     "65B at 32K tokens on 64 H100s": (Model(layers=80, hidden=8192, heads=64, seq=32768, vocab=32000),
                                       Cluster(devices=64, memory_bytes=80 * 2**30, flops=989e12), 64, None),
+    "Llama 3 405B at 128K tokens on 16,384 H100s": (
+        Model(layers=126, hidden=16384, heads=128, seq=131072, vocab=128_000, ffn=53248, kv_heads=8, mlp="swiglu",
+              bias=False, positions=False, attention="flash"),
+        Cluster(devices=16384, memory_bytes=80 * 2**30, flops=989e12), 128, None),
 }
 #: The jobs the Planner widget offers (the others are exercises whose answers it would show).
 WIDGET_JOBS = ("65B on 64 H100s", "6.7B on 8 T4s")
@@ -464,3 +471,71 @@ def judge(puzzle: str, layout: Any, precision: str = "mixed") -> str:
         return (f"it trains on data × micro-batch × micro-batches = {layout.data} × {layout.micro_batch} × "
                 f"{layout.micro_batches} = {batch} sequences per step; the job's global batch is {global_batch}.")
     return why_not(model, layout, cluster, max_sent, precision)
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    """A training run as its paper reports it: the model, the layout, the devices, and what was measured.
+
+    ``step_seconds`` (a measured step), ``tflops_per_device`` (the model's FLOPs per second and device that the
+    paper reports) and ``mfu`` are the paper's figures, ``None`` where it gives none; ``source`` says where each
+    comes from. ``precision`` and ``split_embeddings`` are how the run kept its states and its embedding.
+    """
+
+    model: Model
+    layout: Layout
+    cluster: Cluster
+    global_batch: int
+    precision: str
+    split_embeddings: bool
+    step_seconds: float | None
+    tflops_per_device: float | None
+    mfu: float | None
+    source: str
+
+    def predict(self, layout: Layout | None = None) -> Prediction:
+        """The planner's counts and step time for this run's layout, or for ``layout`` on the same job."""
+        return predict(self.model, layout or self.layout, self.cluster, self.precision, self.split_embeddings)
+
+    @property
+    def reported_seconds(self) -> float:
+        """The step time the paper reports, or the one its FLOPs per second and device imply (the model's FLOPs
+        for a step's tokens, :func:`costmodel.transformer_flops`, over the devices' reported rate)."""
+        if self.step_seconds is not None:
+            return self.step_seconds
+        tokens = self.global_batch * self.model.seq
+        return costmodel.transformer_flops(self.model).total * tokens / (self.cluster.devices * self.tflops_per_device
+                                                                           * 1e12)
+
+
+def _llama3_405b(seq: int) -> Model:
+    return Model(layers=126, hidden=16384, heads=128, seq=seq, vocab=128_000, ffn=53248, kv_heads=8, mlp="swiglu",
+                 bias=False, positions=False, attention="flash")
+
+
+_A100 = {"memory_bytes": 80 * 2**30, "flops": 312e12, "intra_bandwidth": 300e9, "inter_bandwidth": 25e9}
+_H100 = {"memory_bytes": 80 * 2**30, "flops": 989e12, "intra_bandwidth": 450e9, "inter_bandwidth": 50e9}
+
+#: Published runs lesson 17 reads, each as its paper gives it (tests/test_published_runs.py checks every figure
+#: against its source). Links: NVLink inside a node of 8 GPUs, InfiniBand between nodes (A100: 300 and 25 GB/s,
+#: one way per GPU; H100: 450 and 50).
+PUBLISHED: dict[str, PublishedRun] = {
+    "GPT-3 175B on 64 A100s (Megatron-LM)": PublishedRun(
+        Model(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, tied_embeddings=True),
+        Layout(1, 8, 8, micro_batch=1, micro_batches=64, recompute="selective", virtual_stages=3),
+        Cluster(devices=64, **_A100), 64, "mixed", True, 13.75, None, 0.514,
+        "Korthikanti et al. (2022), Table 3 (the layout: TP 8, PP 8, global batch 64, micro-batch 1; §6: three "
+        "interleaved stages, s = 2048, v = 51200) and Table 5 (13.75 s a step with sequence parallelism and "
+        "selective recomputation, MFU 51.4 %)"),
+    "Llama 3 405B on 8,192 H100s, 8K context": PublishedRun(
+        _llama3_405b(8192), Layout(64, 8, 16, zero=3, reshard=False, micro_batch=1, micro_batches=32),
+        Cluster(devices=8192, **_H100), 2048, "mixed_fp32_grads", True, None, 430.0, 0.43,
+        "Llama Team (2024), Table 3 (the shape), Table 4 (TP 8, CP 1, PP 16, DP 64, 8,192 tokens, 32 sequences "
+        "per DP group, 430 TFLOPs/GPU, MFU 43 %) and §3.3.2 (FSDP without resharding after the forward pass, "
+        "fp32 gradient accumulation, no activation checkpointing at 8K)"),
+    "Llama 3 405B on 16,384 H100s, 128K context": PublishedRun(
+        _llama3_405b(131072), Layout(8, 8, 16, 16, zero=3, reshard=False, micro_batch=1, micro_batches=16),
+        Cluster(devices=16384, **_H100), 128, "mixed_fp32_grads", True, None, 380.0, 0.38,
+        "Llama Team (2024), Table 4 (TP 8, CP 16, PP 16, DP 8 in arXiv v3, 131,072 tokens, 16 sequences per DP "
+        "group, 380 TFLOPs/GPU, MFU 38 %)"),
+}

@@ -1052,3 +1052,27 @@ def planner_puzzle(answer: Any, puzzle: str) -> Feedback:
     return _report("correct", f"{answer.describe()}: {p.held_total / 2**30:,.1f} GiB on the fullest device, "
                               f"{p.sent_total / 1e9:,.1f} GB sent per step by the busiest{limit}, about "
                               f"{p.seconds:,.1f} s a step by the cost model.")
+
+
+def mfu_from_throughput(answer: Any, tokens_per_second: float, devices: int, peak_flops: float) -> Feedback:
+    """Lesson 17, exercise 1: the MFU of GPT-3 175B (``planner.PUBLISHED``'s shape, 2,048 tokens, a vocabulary of
+    51,200) trained at ``tokens_per_second`` on ``devices`` devices of ``peak_flops`` FLOP/s each."""
+    from mgpu_edu.analysis import costmodel, planner
+
+    early, answer = _read_number(answer, "set `answer` to the MFU, a fraction such as 0.5.", "a fraction")
+    if early is not None:
+        return early
+    model = planner.PUBLISHED["GPT-3 175B on 64 A100s (Megatron-LM)"].model
+    expected = costmodel.mfu(model, tokens_per_second, devices, peak_flops)
+    hardware = costmodel.transformer_flops(model, "full").total * tokens_per_second / (devices * peak_flops)
+    six = 6 * model.params * tokens_per_second / (devices * peak_flops)
+    return _judge(answer, expected, f"{expected:.1%}: the model's own FLOPs per second over the GPUs' peak, so runs "
+                  "with and without recomputation compare fairly.", [
+                      (hardware, "that counts the forward pass that recomputation runs again (the paper's Eq. 3, "
+                                 "its 140 TFLOP/s): that is hardware FLOPs. MFU counts the model's FLOPs alone: "
+                                 "costmodel.transformer_flops(model) without recomputation."),
+                      (six, "6 FLOPs per parameter and token leave out attention's scores and weighted sum "
+                            "(4·s·h per layer forward): costmodel.transformer_flops counts them."),
+                      ((100 * expected, 100 * hardware), "write it as a fraction (0.5 for 50 %), not a percentage.")],
+                  ": MFU = model FLOPs per token × tokens per second ÷ (devices × peak FLOP/s).", rel_tol=2e-3)
+

@@ -592,3 +592,111 @@ class Planner(_Displayed):
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
         fig.tight_layout()
         self.image.value = viz.figure_png(fig, tight=False)
+
+
+class RunExplorer(_Displayed):
+    """Change the layout of a published run (``planner.PUBLISHED``) one axis at a time, and see what the fullest
+    device holds, what the planner predicts a step costs and where that time goes, beside the paper's step.
+
+    The run's devices and global batch stay fixed: more tensor, pipeline or context parallelism leaves fewer
+    data-parallel replicas, and the micro-batches per step follow from the global batch. No TensorFlow: it
+    only counts (:func:`mgpu_edu.planner.predict`).
+
+    Example:
+        >>> RunExplorer("GPT-3 175B on 64 A100s (Megatron-LM)")  # doctest: +SKIP
+    """
+
+    AXES = ("tensor", "pipeline", "context", "virtual_stages", "micro_batch", "zero", "recompute")
+
+    def __init__(self, run: str = "GPT-3 175B on 64 A100s (Megatron-LM)") -> None:
+        import ipywidgets as w
+
+        from mgpu_edu.analysis import planner
+
+        self._planner = planner
+        one_of("run", run, planner.PUBLISHED)
+        style, wide = {"description_width": "110px"}, w.Layout(width="230px")
+        self.run = w.Dropdown(options=list(planner.PUBLISHED), value=run, description="published run", style=style,
+                              layout=w.Layout(width="470px"))
+        choices = {"tensor": (1, 2, 4, 8), "pipeline": (1, 2, 4, 8, 16, 32), "context": (1, 2, 4, 8, 16),
+                   "virtual_stages": (1, 2, 3, 4), "micro_batch": (1, 2, 4, 8), "zero": (0, 1, 2, 3),
+                   "recompute": ("none", "selective", "full")}
+        self.controls = {axis: w.Dropdown(options=options, description=axis.replace("_", " "), style=style,
+                                          layout=wide) for axis, options in choices.items()}
+        self.sequence_parallel = w.Checkbox(description="sequence parallel", indent=False)
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        boxes = list(self.controls.values()) + [self.sequence_parallel]
+        self.root = w.VBox([self.run, w.HBox([w.VBox(boxes[:4]), w.VBox(boxes[4:])]), self.info, self.image])
+        self.root.add_class("mgpu-run-explorer")
+        self._quiet = False
+        self._reset()
+        self.run.observe(self._reset, names="value")
+        for control in boxes:
+            control.observe(self._draw, names="value")
+
+    def _reset(self, change: Any = None) -> None:
+        """Set every control to the chosen run's own layout."""
+        layout = self._planner.PUBLISHED[self.run.value].layout
+        self._quiet = True
+        for axis, control in self.controls.items():
+            control.value = getattr(layout, axis)
+        self.sequence_parallel.value = bool(layout.sequence_parallel)
+        self._quiet = False
+        self._draw()
+
+    def layout(self) -> Any:
+        """The layout the controls describe, on the run's devices and global batch (ValueError if none can)."""
+        run = self._planner.PUBLISHED[self.run.value]
+        v = {axis: control.value for axis, control in self.controls.items()}
+        split = v["tensor"] * v["pipeline"] * v["context"]
+        if run.cluster.devices % split:
+            raise ValueError(f"tensor × pipeline × context = {split} doesn't divide the run's {run.cluster.devices} "
+                             "devices: pick degrees whose product does.")
+        data = run.cluster.devices // split
+        if run.global_batch % (data * v["micro_batch"]):
+            raise ValueError(f"{data} replicas × micro-batch {v['micro_batch']} don't divide the global batch of "
+                             f"{run.global_batch} sequences: pick a smaller micro-batch or fewer replicas.")
+        micro_batches = run.global_batch // (data * v["micro_batch"])
+        return self._planner.Layout(data, v["tensor"], v["pipeline"], v["context"], 1, v["zero"], v["micro_batch"],
+                                    micro_batches, v["recompute"], self.sequence_parallel.value,
+                                    v["virtual_stages"], run.layout.reshard or v["zero"] != 3)
+
+    def _draw(self, change: Any = None) -> None:
+        if self._quiet:
+            return
+        run = self._planner.PUBLISHED[self.run.value]
+        try:
+            layout = self.layout()
+            p = run.predict(layout)
+        except ValueError as error:
+            self.info.value = f"<p style='color:#b00'>⚠ {html.escape(str(error))}</p>"
+            return
+        limit = memory.USABLE_FRACTION * run.cluster.memory_bytes
+        fits = "fits" if p.fits else f"<b>doesn't fit</b> (more than {limit / 2**30:,.0f} GiB)"
+        self.info.value = (f"<p>{html.escape(layout.describe())}: the fullest device holds "
+                           f"<b>{p.held_total / 2**30:,.1f} GiB</b>, {fits}; the busiest sends "
+                           f"{p.sent_total / 1e9:,.1f} GB per step. Predicted step ~{p.seconds:,.1f} s (MFU "
+                           f"{p.mfu:.0%}); the paper's: {run.reported_seconds:,.1f} s (MFU {run.mfu:.0%}).</p>")
+        fig = viz.new_figure(8, 2.4)
+        held, spent = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+        left = 0.0
+        for i, (kind, nbytes) in enumerate(p.held.items()):
+            held.barh(0, nbytes / 2**30, left=left, color=viz.PALETTE[i], label=kind)
+            left += nbytes / 2**30
+        held.axvline(limit / 2**30, color="black", linestyle="--", linewidth=1)
+        held.set_yticks([])
+        held.set_xlabel("GiB on the fullest device (dashed: 90 % of its memory)")
+        held.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=3, frameon=False)
+        left = 0.0
+        for i, (part, seconds) in enumerate(p.time.items()):  # a colour per part, whichever are zero
+            if not seconds:
+                continue
+            spent.barh(0, seconds, left=left, color=viz.PALETTE[i], label=part)
+            left += seconds
+        spent.axvline(run.reported_seconds, color="black", linestyle="--", linewidth=1)
+        spent.set_yticks([])
+        spent.set_xlabel("seconds per step, predicted (dashed: the paper's)")
+        spent.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False)
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)
