@@ -438,6 +438,27 @@ def test_planner_in_jupyterlab(lab, chromium, tmp_path):
     assert "64 sequences per step" in after
 
 
+@pytest.mark.parametrize("lab", ["17_reading_published_runs.ipynb"], indirect=True)
+def test_run_explorer_in_jupyterlab(lab, chromium, tmp_path):
+    """Lesson 17's run explorer: choosing another tensor degree recounts the layout (fewer GPUs per replica, more
+    replicas) as planner.predict counts it."""
+    import dataclasses
+
+    from mgpu_edu import planner
+
+    with _lesson_widget(lab, chromium, "17_reading_published_runs.ipynb", ".mgpu-run-explorer", "run explorer",
+                        tmp_path) as (page, widget):
+        run = planner.PUBLISHED["GPT-3 175B on 64 A100s (Megatron-LM)"]
+        _shows(page, widget, f"~{run.predict().seconds:,.1f} s")
+        tensor = widget.locator(".widget-dropdown").filter(has_text="tensor").locator("select")
+        _redraw(page, widget, lambda: tensor.select_option("4"))
+        layout = dataclasses.replace(run.layout, data=2, tensor=4, micro_batches=32, sequence_parallel=None)
+        after = _shows(page, widget, f"{run.predict(layout).held_total / 2**30:,.1f} GiB")
+        if RESULTS_DIR:
+            widget.screenshot(path=str(Path(RESULTS_DIR) / "run-explorer.png"))
+    assert "DP 2 × TP 4 (SP)" in after and f"~{run.predict(layout).seconds:,.1f} s" in after
+
+
 DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
           "CollectiveStepper": test_collective_stepper_in_jupyterlab,
           "ReplicaBatchExplorer": test_explorer_in_jupyterlab,
@@ -445,7 +466,8 @@ DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
           "ScalingSimulator": test_scaling_simulator_in_jupyterlab,
           "MemoryCalculator": test_memory_calculator_redraws_in_jupyterlab,
           "ExpertLoad": test_expert_load_in_jupyterlab,
-          "Planner": test_planner_in_jupyterlab}
+          "Planner": test_planner_in_jupyterlab,
+          "RunExplorer": test_run_explorer_in_jupyterlab}
 
 
 def test_every_widget_a_lesson_shows_is_driven_in_the_browser():

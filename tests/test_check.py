@@ -316,6 +316,7 @@ def _number_types(value):
     (check.zero3_bytes, 4_500_000, {"n": 4, "params": 1e6}),
     (check.lost_steps, 37, {"steps_done": 137, "every": 50}),
     (check.checkpoint_interval, 1315, {"save_seconds": 30, "mtbf_seconds": 28_800}),
+    (check.mfu_from_throughput, 0.33683, {"tokens_per_second": 99_972, "devices": 1024, "peak_flops": 312e12}),
 ])
 def test_every_numeric_check_takes_every_number_type(fn, answer, kwargs):
     for kind in _number_types(answer):
@@ -733,3 +734,19 @@ def test_megatron_layouts_are_what_tensor_parallelism_splits():
         axes = meshes.MEGATRON.get(name, (None,) * whole.ndim)
         expected = tuple(size // t if axis else size for size, axis in zip(whole.shape, axes, strict=True))
         assert tuple(np.shape(shard[name])) == expected, name
+
+
+def test_mfu_from_throughput_names_hardware_flops_and_six_per_parameter():
+    """Lesson 17, exercise 1: GPT-3 at 99,972 tokens/s on 1,024 A100s (Narayanan et al.'s 140 TFLOP/s, counted with
+    the recomputed forward): MFU, not HFU, and attention counted."""
+    from mgpu_edu import costmodel, planner
+
+    model = planner.PUBLISHED["GPT-3 175B on 64 A100s (Megatron-LM)"].model
+    args = {"tokens_per_second": 99_972, "devices": 1024, "peak_flops": 312e12}
+    right = costmodel.mfu(model, 99_972, 1024, 312e12)
+    assert check.mfu_from_throughput(right, **args).correct and round(right, 3) == 0.337
+    assert check.mfu_from_throughput(..., **args).status == "unsolved"
+    assert "hardware FLOPs" in check.mfu_from_throughput(140 / 312, **args).message
+    assert "attention" in check.mfu_from_throughput(6 * model.params * 99_972 / (1024 * 312e12), **args).message
+    assert "fraction" in check.mfu_from_throughput(100 * right, **args).message
+    assert check.mfu_from_throughput(right * 1.01, **args).status == "wrong"

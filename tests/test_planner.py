@@ -154,3 +154,23 @@ def test_planner_imports_no_tensorflow():
                            "planner.plan(*planner.PUZZLES['6.7B on 8 T4s'][:3]); print('tensorflow' in sys.modules)"],
                           capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "False"
+
+
+def test_run_explorer_follows_the_planner():
+    """Lesson 17's widget: one axis changed on the run's devices and global batch, counted as planner.predict counts
+    it; a layout the devices can't take is explained, not raised."""
+    from mgpu_edu.display.widgets import RunExplorer
+
+    explorer = RunExplorer()
+    run = planner.PUBLISHED[explorer.run.value]
+    assert explorer.layout() == run.layout and f"~{run.predict().seconds:,.1f} s" in explorer.info.value
+    explorer.controls["tensor"].value = 4  # two replicas now, 32 micro-batches each
+    layout = explorer.layout()
+    assert (layout.data, layout.tensor, layout.micro_batches) == (2, 4, 32)
+    assert f"<b>{run.predict(layout).held_total / 2**30:,.1f} GiB</b>" in explorer.info.value
+    explorer.controls["pipeline"].value = 32  # 4 × 32 devices: more than the run's 64
+    assert "= 128 doesn&#x27;t divide the run&#x27;s 64 devices" in explorer.info.value
+    explorer.run.value = "Llama 3 405B on 8,192 H100s, 8K context"  # every control back to that run's layout
+    assert explorer.layout() == planner.PUBLISHED[explorer.run.value].layout
+    with pytest.raises(BadArgument, match="run='GPT-5'"):
+        RunExplorer("GPT-5")

@@ -303,3 +303,27 @@ def test_the_interleaved_schedules_first_stage_keeps_korthikantis_factor_more():
         for v in (2, 3, 4):
             assert memory.in_flight(p, 0, 8 * p, v) == pytest.approx(p * (1 + (p - 1) / (p * v)), rel=1e-12)
             assert memory.in_flight(p, p - 1, 8 * p, v) < memory.in_flight(p, 0, 8 * p, v)
+
+
+def test_the_runs_lesson_17_reads_are_the_papers():
+    """`planner.PUBLISHED` holds the runs as the tables above transcribe them, and each fits by the planner."""
+    gpt3 = planner.PUBLISHED["GPT-3 175B on 64 A100s (Megatron-LM)"]
+    (heads, hidden, layers, t, p, gpus, batch, micro, v), (_, seconds, mfu, _) = KORTHIKANTI["175B"]
+    layout = gpt3.layout
+    assert gpt3.model == gpt(layers, hidden, heads) and gpt3.cluster.flops == 312e12
+    assert (layout.tensor, layout.pipeline, layout.virtual_stages, layout.data, layout.micro_batch) == (
+        t, p, v, 1, micro)
+    assert (gpt3.cluster.devices, gpt3.global_batch, gpt3.step_seconds, gpt3.mfu) == (
+        gpus, batch, seconds, float(mfu) / 100)
+    for name, row in (("Llama 3 405B on 8,192 H100s, 8K context", LLAMA3_TABLE_4[0]),
+                      ("Llama 3 405B on 16,384 H100s, 128K context", LLAMA3_TABLE_4[2])):
+        gpus, t, c, p, d, seq, per_dp, tflops, mfu = row
+        run, layout = planner.PUBLISHED[name], planner.PUBLISHED[name].layout
+        assert run.model == llama("405B", seq=seq, attention="flash") and run.cluster.flops == 989e12
+        assert (layout.data, layout.tensor, layout.context, layout.pipeline) == (d, t, c, p)
+        assert (layout.micro_batch * layout.micro_batches, run.global_batch) == (per_dp, d * per_dp)
+        assert (run.cluster.devices, run.tflops_per_device, run.mfu) == (gpus, tflops, int(mfu) / 100)
+        implied = costmodel.transformer_flops(run.model).total * 2**24 / (gpus * tflops * 1e12)
+        assert run.reported_seconds == pytest.approx(implied) and run.predict().fits
+    assert planner.PUZZLES["Llama 3 405B at 128K tokens on 16,384 H100s"][0] == llama("405B", 131072,
+                                                                                       attention="flash")

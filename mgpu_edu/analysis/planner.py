@@ -441,6 +441,12 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
     return ""
 
 
+def _llama3_405b(seq: int) -> Model:
+    """Llama 3 405B's shape (the Llama 3 paper, Table 3), with a FlashAttention-style kernel."""
+    return Model(layers=126, hidden=16384, heads=128, seq=seq, vocab=128_000, ffn=53248, kv_heads=8, mlp="swiglu",
+                 bias=False, positions=False, attention="flash")
+
+
 #: The course's puzzles: a model, a cluster, a global batch (sequences per step), and at most how many bytes
 #: each device may send per step (None: no limit).
 PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
@@ -451,10 +457,9 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
                               inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
     "65B at 32K tokens on 64 H100s": (Model(layers=80, hidden=8192, heads=64, seq=32768, vocab=32000),
                                       Cluster(devices=64, memory_bytes=80 * 2**30, flops=989e12), 64, None),
-    "Llama 3 405B at 128K tokens on 16,384 H100s": (
-        Model(layers=126, hidden=16384, heads=128, seq=131072, vocab=128_000, ffn=53248, kv_heads=8, mlp="swiglu",
-              bias=False, positions=False, attention="flash"),
-        Cluster(devices=16384, memory_bytes=80 * 2**30, flops=989e12), 128, None),
+    "Llama 3 405B at 128K tokens on 16,384 H100s": (_llama3_405b(131072),
+                                                     Cluster(devices=16384, memory_bytes=80 * 2**30, flops=989e12),
+                                                     128, None),
 }
 #: The jobs the Planner widget offers (the others are exercises whose answers it would show).
 WIDGET_JOBS = ("65B on 64 H100s", "6.7B on 8 T4s")
@@ -506,11 +511,6 @@ class PublishedRun:
         tokens = self.global_batch * self.model.seq
         return costmodel.transformer_flops(self.model).total * tokens / (self.cluster.devices * self.tflops_per_device
                                                                            * 1e12)
-
-
-def _llama3_405b(seq: int) -> Model:
-    return Model(layers=126, hidden=16384, heads=128, seq=seq, vocab=128_000, ffn=53248, kv_heads=8, mlp="swiglu",
-                 bias=False, positions=False, attention="flash")
 
 
 _A100 = {"memory_bytes": 80 * 2**30, "flops": 312e12, "intra_bandwidth": 300e9, "inter_bandwidth": 25e9}
