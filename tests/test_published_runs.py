@@ -96,6 +96,26 @@ def test_megatron_eq_3_flops_and_eq_4_training_time():
         assert round(eq4) == days and counted / eq4 - 1 == pytest.approx(longer, abs=0.001)
 
 
+#: Narayanan et al., Table 2: PTD-P against ZeRO-3 for 300 B tokens: (model, GPUs, teraFLOP/s per GPU, days).
+NARAYANAN_TABLE_2 = [
+    ("174.6", 384, 153, 84), ("174.6", 768, 149, 43), ("174.6", 1536, 141, 23),  # PTD-P
+    ("529.6", 560, 171, 156), ("529.6", 1120, 167, 80), ("529.6", 2240, 159, 42),
+    ("174.6", 384, 144, 90), ("174.6", 768, 88, 74), ("174.6", 1536, 44, 74),  # ZeRO-3 without model parallelism
+    ("529.6", 640, 138, 169), ("529.6", 1120, 98, 137), ("529.6", 2240, 48, 140),
+]
+
+
+def test_megatron_table_2_training_days():
+    """Table 2's days are 300 B tokens of Eq. 3's FLOPs (`transformer_flops(recompute="full")`) at the table's
+    teraFLOP/s per GPU: to within a day, the whole days it prints."""
+    models = {"174.6": gpt(96, 12288, 96), "529.6": gpt(105, 20480, 128)}
+    for size, gpus, tflops, days in NARAYANAN_TABLE_2:
+        model = models[size]
+        assert printed(model.params / 1e9, size)
+        counted = costmodel.transformer_flops(model, "full").total * 300e9 / (gpus * tflops * 1e12) / 86400
+        assert abs(counted - days) < 1, (size, gpus, counted, days)
+
+
 # ---------------------------------------------------------------------------------------------------- Korthikanti
 
 #: Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models", Table 3 (heads,
@@ -215,7 +235,8 @@ def test_llama3_table_4_layouts_fit_without_recomputation(row):
     fp32 gradient accumulation and a FlashAttention-style kernel, the planner says it fits an 80 GB H100 with no
     activation recomputation ("we could pre-train Llama 3 on sequences of 8K tokens without activation
     checkpointing"); resharding nothing (ZeRO-1) would not. The MFU the planner predicts for it is lower than the
-    published: its cost model overlaps no communication with compute, and the real run hides most of it."""
+    published: its cost model overlaps no communication with compute, and the real run hides most of it. The
+    interleaved schedule the paper names is accepted on the uneven stages."""
     gpus, t, c, p, d, seq, per_dp, tflops, mfu = row
     assert memory.stage_layers(126, p) == [7] + [8] * 14 + [7]
     assert d * per_dp * seq == 2**24 and t * c * p * d == gpus and abs(100 * tflops / 989 - int(mfu)) < 1
@@ -225,6 +246,11 @@ def test_llama3_table_4_layouts_fit_without_recomputation(row):
     prediction = planner.predict(model, fsdp, h100s, "mixed_fp32_grads", split_embeddings=True)
     assert prediction.fits
     assert prediction.mfu < int(mfu) / 100  # nothing overlapped: FSDP's and the pipeline's traffic hide in the run
+    # "we use an interleaved schedule ... with V pipeline stages on one pipeline rank" (§3.3.2; V not given): two
+    # chunks of 3 or 4 layers on the outer stages, of 4 on the others, and half the bubble
+    interleaved = planner.predict(model, dataclasses.replace(fsdp, virtual_stages=2), h100s, "mixed_fp32_grads",
+                                  split_embeddings=True)
+    assert interleaved.time["bubble"] == pytest.approx(prediction.time["bubble"] / 2, rel=1e-12)
     assert not planner.predict(model, dataclasses.replace(fsdp, zero=1, reshard=True), h100s, "mixed_fp32_grads",
                                split_embeddings=True).fits
 
@@ -280,6 +306,14 @@ def test_playbook_recomputation_figure():
                 model = planner.Model(layers=layers, hidden=hidden, heads=heads, seq=seq, vocab=128_256)
                 ours = layers * model.layer_activations(1, recompute=recompute) / GiB
                 assert 0 <= gib - ours <= 4 * seq * hidden / GiB + 0.005, (layers, recompute, seq)  # 0.005: rounding
+
+
+def test_playbook_pipeline_chart_first_stage():
+    """"Memory Usage for 8B Model" with PP = 8: 2.6035 GiB of 16-bit weights on the first GPU, its 4 blocks and the
+    embedding (`memory.stage_params`), not an eighth of the model's 14.957."""
+    model = llama("8B", seq=4096, vocab=128_256)
+    assert printed(memory.stage_params(model, 1, 8, 0) * 2 / GiB, "2.6035")
+    assert memory.stage_params(model, 1, 8, 0) > model.params / 8
 
 
 def test_playbook_parameters_and_bubble():

@@ -80,10 +80,12 @@ class Layout:
     ``sequence_parallel`` (Korthikanti et al., 2022) splits what tensor parallelism leaves whole along the
     sequence; it is on whenever ``tensor`` > 1 unless set False. ``virtual_stages`` V > 1 is the interleaved
     1F1B schedule: V chunks of layers per device, a bubble V times smaller, V times the pipeline's messages
-    (Narayanan et al., 2021, §2.2.2). ``dataclasses.replace`` keeps the resolved ``sequence_parallel``: pass
-    ``sequence_parallel=None`` with a new tensor degree to resolve it again. ``reshard=False`` keeps ZeRO-3's
-    gathered weights from the forward pass for the backward (PyTorch FSDP's ``reshard_after_forward=False``):
-    the stage's whole 16-bit weights held, and one gather per step (:func:`sharding.phases`).
+    (Narayanan et al., 2021, §2.2.2); where a stage's layers don't split evenly into V chunks (Llama 3's 126
+    layers on 16 stages), its chunks are counted at their average size. ``dataclasses.replace`` keeps the
+    resolved ``sequence_parallel``: pass ``sequence_parallel=None`` with a new tensor degree to resolve it
+    again. ``reshard=False`` keeps ZeRO-3's gathered weights from the forward pass for the backward (PyTorch
+    FSDP's ``reshard_after_forward=False``): the stage's whole 16-bit weights held, and one gather per step
+    (:func:`sharding.phases`).
     """
 
     data: int
@@ -162,11 +164,10 @@ def _check(model: Model, layout: Layout) -> None:
     if model.experts % layout.expert or (layout.expert > 1 and layout.data * layout.context % layout.expert):
         raise BadArgument(f"expert={layout.expert} must divide the {model.experts} experts and the data × context "
                           f"degree ({layout.data * layout.context}), whose devices it spreads them over.")
-    if v > 1 and (p == 1 or layout.micro_batches % p or model.layers % (p * v)):
+    if v > 1 and (p == 1 or layout.micro_batches % p or min(memory.stage_layers(model.layers, p)) < v):
         raise BadArgument(f"virtual_stages={v} (the interleaved schedule) needs a pipeline, a number of micro-batches "
-                          f"that is a multiple of pipeline={p} (it has {layout.micro_batches}), and layers that "
-                          f"split evenly into pipeline × virtual_stages chunks ({model.layers} layers, "
-                          f"{p * v} chunks), as Megatron-LM requires: use virtual_stages=1, or change those.")
+                          f"that is a multiple of pipeline={p} (it has {layout.micro_batches}), and at least {v} "
+                          f"layers on every stage, one per chunk: use virtual_stages=1, or change those.")
     if v > 1 and layout.recompute == "stage":
         raise BadArgument(f"recompute='stage' keeps one input per stage, as the course's 3-D run does; with "
                           f"virtual_stages={v} each chunk keeps its own: use recompute='full'.")
