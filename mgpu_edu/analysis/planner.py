@@ -354,7 +354,8 @@ def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[in
             micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), max_tensor: int = 8,
             sequence_parallel: tuple[bool, ...] = (True, False), virtual_stages: tuple[int, ...] = (1, 2)
             ) -> list[Layout]:
-    """Every layout of ``devices`` devices for ``global_batch`` sequences per step that the model allows.
+    """Every layout of ``devices`` devices for ``global_batch`` sequences per step that the model allows (with a
+    single data-parallel device, only the first of ``zero_stages``: ZeRO then has nothing to split).
 
     Example:
         >>> tiny = Model(layers=2, hidden=32, heads=4, seq=16, vocab=64)
@@ -371,7 +372,8 @@ def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[in
         data = devices // (tensor * stages * context)
         expert_options = [e for e in divisors if e <= data * context and model.experts % e == 0] if model.experts > 1 \
             else [1]
-        for expert, zero, rec, m, sp, v in itertools.product(expert_options, zero_stages, recompute, micro_batches,
+        stages_of_zero = zero_stages if data * context > 1 else zero_stages[:1]  # one device: ZeRO splits nothing
+        for expert, zero, rec, m, sp, v in itertools.product(expert_options, stages_of_zero, recompute, micro_batches,
                                                              sequence_parallel if tensor > 1 else (False,),
                                                              virtual_stages if stages > 1 else (1,)):
             if global_batch % (data * m):
@@ -402,13 +404,13 @@ def plan(model: Model, cluster: Cluster, global_batch: int, max_sent: float | No
 
 
 def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | None = None,
-            precision: str = "mixed") -> str:
+            precision: str = "mixed", split_embeddings: bool = False) -> str:
     """Why a layout fails a job, in a sentence (an empty string when it doesn't)."""
     if layout.devices != cluster.devices:
         return (f"it uses {layout.devices} devices (data × tensor × pipeline × context), but the job has "
                 f"{cluster.devices}.")
     try:
-        prediction = predict(model, layout, cluster, precision)
+        prediction = predict(model, layout, cluster, precision, split_embeddings)
     except BadArgument as error:
         return str(error)
     if not prediction.fits:
@@ -416,16 +418,18 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
         worst = max(held, key=held.get)
         n = layout.data * layout.context
         further = "more tensor or pipeline parallelism divides it further"
-        shrink = ("sequence parallelism, " if layout.tensor > 1 and not layout.sequence_parallel else "")
+        shrink = (["sequence parallelism"] if layout.tensor > 1 and not layout.sequence_parallel else []) + \
+            (["recomputation"] if layout.recompute == "none" else []) + \
+            (["a smaller micro-batch (more micro-batches)"] if layout.micro_batch > 1 else []) + \
+            ["spreading each sequence over more devices (tensor or context parallelism)"]
         remedy = {"optimizer": f"a ZeRO stage of 1 or more splits it over the {n} data-parallel devices"
                                if layout.zero < 1 or n == 1 else f"it is split {n} ways already: {further}",
                   "gradients": f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
                                if layout.zero < 2 or n == 1 else f"they are split {n} ways already: {further}",
                   "weights": "ZeRO-3, or more tensor or pipeline parallelism, splits them" if layout.zero < 3
                              else f"they are split {n} ways already: {further}",
-                  "activations": f"{shrink}recomputation or a smaller micro-batch (more micro-batches) shrinks them"
-                                 if layout.recompute == "none" else f"{shrink}a smaller micro-batch, or tensor or "
-                                                                    "context parallelism, shrinks them",
+                  "activations": ", ".join(shrink[:-1]) + (" or " if len(shrink) > 1 else "") + shrink[-1]
+                                 + " shrinks them",
                   "working": "fewer tokens per device shrink it: a smaller micro-batch, or context parallelism"}[worst]
         return (f"it needs {prediction.held_total / 2**30:,.1f} GiB on its fullest device, more than "
                 f"{memory.USABLE_FRACTION:.0%} of {cluster.memory_bytes / 2**30:,.0f} GiB; the largest part is "
@@ -462,12 +466,17 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
                                                      Cluster(devices=16384, memory_bytes=80 * 2**30, flops=989e12),
                                                      128, None),
 }
+#: How a puzzle's job keeps its states and its embedding, where not as :func:`predict`'s defaults.
+PUZZLE_OPTIONS: dict[str, dict[str, Any]] = {
+    "Llama 3 405B at 128K tokens on 16,384 H100s": {"precision": "mixed_fp32_grads", "split_embeddings": True},
+}
 #: The jobs the Planner widget offers (the others are exercises whose answers it would show).
 WIDGET_JOBS = ("65B on 64 H100s", "6.7B on 8 T4s")
 
 
-def judge(puzzle: str, layout: Any, precision: str = "mixed") -> str:
-    """Why ``layout`` fails the puzzle (a sentence), or an empty string when it solves it."""
+def judge(puzzle: str, layout: Any) -> str:
+    """Why ``layout`` fails the puzzle (a sentence), or an empty string when it solves it (counted with the
+    puzzle's :data:`PUZZLE_OPTIONS`)."""
     one_of("puzzle", puzzle, PUZZLES)
     model, cluster, global_batch, max_sent = PUZZLES[puzzle]
     if not isinstance(layout, Layout):
@@ -476,7 +485,7 @@ def judge(puzzle: str, layout: Any, precision: str = "mixed") -> str:
     if batch != global_batch:
         return (f"it trains on data × micro-batch × micro-batches = {layout.data} × {layout.micro_batch} × "
                 f"{layout.micro_batches} = {batch} sequences per step; the job's global batch is {global_batch}.")
-    return why_not(model, layout, cluster, max_sent, precision)
+    return why_not(model, layout, cluster, max_sent, **PUZZLE_OPTIONS.get(puzzle, {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -534,9 +543,4 @@ PUBLISHED: dict[str, PublishedRun] = {
         "Llama Team (2024), Table 3 (the shape), Table 4 (TP 8, CP 1, PP 16, DP 64, 8,192 tokens, 32 sequences "
         "per DP group, 430 TFLOPs/GPU, MFU 43 %) and §3.3.2 (FSDP without resharding after the forward pass, "
         "fp32 gradient accumulation, no activation checkpointing at 8K)"),
-    "Llama 3 405B on 16,384 H100s, 128K context": PublishedRun(
-        _llama3_405b(131072), Layout(8, 8, 16, 16, zero=3, reshard=False, micro_batch=1, micro_batches=16),
-        Cluster(devices=16384, **_H100), 128, "mixed_fp32_grads", True, None, 380.0, 0.38,
-        "Llama Team (2024), Table 4 (TP 8, CP 16, PP 16, DP 8 in arXiv v3, 131,072 tokens, 16 sequences per DP "
-        "group, 380 TFLOPs/GPU, MFU 38 %)"),
 }

@@ -1047,7 +1047,7 @@ def planner_puzzle(answer: Any, puzzle: str) -> Feedback:
     if problem:
         label = answer.describe() if isinstance(answer, planner.Layout) else repr(answer)
         return _report("wrong", f"{label}: {problem}")
-    p = planner.predict(model, answer, cluster)
+    p = planner.predict(model, answer, cluster, **planner.PUZZLE_OPTIONS.get(puzzle, {}))
     limit = "" if max_sent is None else f" (at most {max_sent / 1e9:,.0f} GB allowed)"
     return _report("correct", f"{answer.describe()}: {p.held_total / 2**30:,.1f} GiB on the fullest device, "
                               f"{p.sent_total / 1e9:,.1f} GB sent per step by the busiest{limit}, about "
