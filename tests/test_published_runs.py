@@ -14,7 +14,8 @@ GiB = 2**30
 
 
 def printed(value: float, figure: str) -> bool:
-    """Whether ``value`` prints as ``figure`` does, rounded or cut to its last digit (papers do both)."""
+    """Whether ``value`` is within one unit of ``figure``'s last digit: papers round (1.875 to 1.88) or cut (4,187.5
+    to 4187) to the digits they print."""
     decimals = len(figure.split(".")[1]) if "." in figure else 0
     return abs(value - float(figure)) <= 10.0**-decimals
 
@@ -107,7 +108,7 @@ NARAYANAN_TABLE_2 = [
 
 def test_megatron_table_2_training_days():
     """Table 2's days are 300 B tokens of Eq. 3's FLOPs (`transformer_flops(recompute="full")`) at the table's
-    teraFLOP/s per GPU: to within a day, the whole days it prints."""
+    teraFLOP/s per GPU, rounded or cut to the whole days it prints (84.7 is printed 84): within a day."""
     models = {"174.6": gpt(96, 12288, 96), "529.6": gpt(105, 20480, 128)}
     for size, gpus, tflops, days in NARAYANAN_TABLE_2:
         model = models[size]
@@ -179,8 +180,8 @@ def test_korthikanti_table_5_hfu_counts_three_times_the_recomputed_attention(nam
 def test_korthikanti_table_5_speed_ups_predicted():
     """Table 5's throughput increase of sequence parallelism with selective recomputation over full recomputation,
     measured on each model (29.0 % to 32.1 %), against what the counts predict. The FLOPs that full recomputation
-    adds (`costmodel.transformer_flops`, "full" over "selective") account for each within 3 points: what is left
-    is the kernels and the overlap that FLOPs don't see. The planner's step times, at a flat 50 % of peak with
+    adds (`costmodel.transformer_flops`, "full" over "selective") account for each within 3 points (the widest
+    gap, 2.9 points, is the 530B model's): what is left is the kernels and the overlap that FLOPs don't see. The planner's step times, at a flat 50 % of peak with
     nothing overlapped, move that by at most 2 points, since both layouts send about as much (full recomputation
     reruns the forward's all-reduces; sequence parallelism gathers each block's inputs again), and rank the
     paper's method first for every model."""
