@@ -179,12 +179,12 @@ def test_korthikanti_table_5_hfu_counts_three_times_the_recomputed_attention(nam
 
 def test_korthikanti_table_5_speed_ups_predicted():
     """Table 5's throughput increase of sequence parallelism with selective recomputation over full recomputation,
-    measured on each model (29.0 % to 32.1 %), against what the counts predict. The FLOPs that full recomputation
-    adds (`costmodel.transformer_flops`, "full" over "selective") account for each within 3 points (the widest
-    gap, 2.9 points, is the 530B model's): what is left is the kernels and the overlap that FLOPs don't see. The planner's step times, at a flat 50 % of peak with
-    nothing overlapped, move that by at most 2 points, since both layouts send about as much (full recomputation
-    reruns the forward's all-reduces; sequence parallelism gathers each block's inputs again), and rank the
-    paper's method first for every model."""
+    measured on each model (29.0 % to 32.1 %), against what the counts predict. The FLOPs that full
+    recomputation adds (`costmodel.transformer_flops`, "full" over "selective") account for each within 3 points
+    (the widest gap, 2.9 points, is the 530B model's): what is left is the kernels and the overlap that FLOPs
+    don't see. The planner's step times, at a flat 50 % of peak with nothing overlapped, move that by at most 2
+    points, since both layouts send about as much (full recomputation reruns the forward's all-reduces; sequence
+    parallelism gathers each block's inputs again), and rank the paper's method first for every model."""
     for name, ((heads, hidden, layers, t, p, gpus, batch, micro, v), (full_s, ours_s, _, _)) in KORTHIKANTI.items():
         model = gpt(layers, hidden, heads)
         measured = full_s / ours_s - 1
