@@ -174,3 +174,19 @@ def test_run_explorer_follows_the_planner():
     assert explorer.layout() == planner.PUBLISHED[explorer.run.value].layout
     with pytest.raises(BadArgument, match="run='GPT-5'"):
         RunExplorer("GPT-5")
+
+
+def test_exercise_puzzles_have_answers_and_say_why_a_split_that_adds_micro_batches_doesnt_help():
+    """Lesson 16's exercise 2 (13 B on two nodes of T4s) and lesson 17's (Llama 3 at 128K tokens, counted as the
+    published run is): the reference answers fit; the feedback names the first stage's micro-batches in flight when
+    more context parallelism only adds micro-batches."""
+    assert planner.judge("13B on 16 T4s", planner.Layout(4, 2, 2, zero=3, micro_batches=16, recompute="full")) == ""
+    assert "activations" in planner.judge("13B on 16 T4s", planner.Layout(16, 1, 1, zero=1, micro_batches=4))
+    job = "Llama 3 405B at 128K tokens on 16,384 H100s"
+    assert planner.judge(job, planner.Layout(8, 8, 16, 16, zero=3, reshard=False, micro_batches=16)) == ""
+    for context in (1, 2, 8):
+        layout = planner.Layout(128 // context, 8, 16, context, zero=3, reshard=False, micro_batches=context)
+        said = planner.judge(job, layout)
+        assert "the largest part is activations" in said and "keeps every one in flight" in said, said
+    assert planner.PUZZLE_OPTIONS[job] == {"precision": "mixed_fp32_grads", "split_embeddings": True}
+    assert not set(planner.WIDGET_JOBS) & {"13B on 16 T4s", "65B at 32K tokens on 64 H100s", job}

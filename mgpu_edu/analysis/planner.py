@@ -422,6 +422,10 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
             (["recomputation"] if layout.recompute == "none" else []) + \
             (["a smaller micro-batch (more micro-batches)"] if layout.micro_batch > 1 else []) + \
             ["spreading each sequence over more devices (tensor or context parallelism)"]
+        crowded = "" if layout.micro_batches >= layout.pipeline else (
+            f"; with {layout.micro_batches} micro-batches on {layout.pipeline} stages the first stage keeps every one "
+            "in flight, so a split that only adds micro-batches leaves its share as it is until they outnumber the "
+            "stages")
         remedy = {"optimizer": f"a ZeRO stage of 1 or more splits it over the {n} data-parallel devices"
                                if layout.zero < 1 or n == 1 else f"it is split {n} ways already: {further}",
                   "gradients": f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
@@ -429,7 +433,7 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
                   "weights": "ZeRO-3, or more tensor or pipeline parallelism, splits them" if layout.zero < 3
                              else f"they are split {n} ways already: {further}",
                   "activations": ", ".join(shrink[:-1]) + (" or " if len(shrink) > 1 else "") + shrink[-1]
-                                 + " shrinks them",
+                                 + " shrinks them" + crowded,
                   "working": "fewer tokens per device shrink it: a smaller micro-batch, or context parallelism"}[worst]
         return (f"it needs {prediction.held_total / 2**30:,.1f} GiB on its fullest device, more than "
                 f"{memory.USABLE_FRACTION:.0%} of {cluster.memory_bytes / 2**30:,.0f} GiB; the largest part is "
@@ -460,6 +464,9 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
     "6.7B on 8 T4s": (Model(layers=32, hidden=4096, heads=32, seq=2048, vocab=32000),
                       Cluster(devices=8, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
                               inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
+    "13B on 16 T4s": (Model(layers=40, hidden=5120, heads=40, seq=2048, vocab=32000),
+                      Cluster(devices=16, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
+                              inter_bandwidth=12.5e9), 64, None),  # two nodes of 8, 100 Gb/s between them
     "65B at 32K tokens on 64 H100s": (Model(layers=80, hidden=8192, heads=64, seq=32768, vocab=32000),
                                       Cluster(devices=64, memory_bytes=80 * 2**30, flops=989e12), 64, None),
     "Llama 3 405B at 128K tokens on 16,384 H100s": (_llama3_405b(131072),
@@ -526,9 +533,9 @@ class PublishedRun:
 _A100 = {"memory_bytes": 80 * 2**30, "flops": 312e12, "intra_bandwidth": 300e9, "inter_bandwidth": 25e9}
 _H100 = {"memory_bytes": 80 * 2**30, "flops": 989e12, "intra_bandwidth": 450e9, "inter_bandwidth": 50e9}
 
-#: Published runs lesson 17 reads, each as its paper gives it (tests/test_published_runs.py checks every figure
-#: against its source). Links: NVLink inside a node of 8 GPUs, InfiniBand between nodes (A100: 300 and 25 GB/s,
-#: one way per GPU; H100: 450 and 50).
+#: Published runs lesson 17 reads, each as its paper gives it where the paper says (tests/test_published_runs.py
+#: checks every figure against its source). Links: NVLink inside a node of 8 GPUs, InfiniBand between nodes
+#: (A100: 300 and 25 GB/s, one way per GPU; H100: 450 and 50).
 PUBLISHED: dict[str, PublishedRun] = {
     "GPT-3 175B on 64 A100s (Megatron-LM)": PublishedRun(
         Model(layers=96, hidden=12288, heads=96, seq=2048, vocab=51200, tied_embeddings=True),
@@ -542,5 +549,6 @@ PUBLISHED: dict[str, PublishedRun] = {
         Cluster(devices=8192, **_H100), 2048, "mixed_fp32_grads", True, None, 430.0, 0.43,
         "Llama Team (2024), Table 3 (the shape), Table 4 (TP 8, CP 1, PP 16, DP 64, 8,192 tokens, 32 sequences "
         "per DP group, 430 TFLOPs/GPU, MFU 43 %) and §3.3.2 (FSDP without resharding after the forward pass, "
-        "fp32 gradient accumulation, no activation checkpointing at 8K)"),
+        "fp32 gradient accumulation, no activation checkpointing at 8K). Its interleaved schedule is its own and "
+        "gives no number of chunks: here the pipeline runs plain 1F1B"),
 }

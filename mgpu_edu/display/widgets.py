@@ -677,7 +677,8 @@ class RunExplorer(_Displayed):
         self.info.value = (f"<p>{html.escape(layout.describe())}: the fullest device holds "
                            f"<b>{p.held_total / 2**30:,.1f} GiB</b>, {fits}; the busiest sends "
                            f"{p.sent_total / 1e9:,.1f} GB per step. Predicted step ~{p.seconds:,.1f} s (MFU "
-                           f"{p.mfu:.0%}); the paper's: {run.reported_seconds:,.1f} s (MFU {run.mfu:.0%}).</p>")
+                           f"{p.mfu:.0%}); the paper's: {run.reported_seconds:,.1f} s"
+                           f"{'' if run.step_seconds else ' (implied by its FLOP/s per GPU)'} (MFU {run.mfu:.0%}).</p>")
         fig = viz.new_figure(8, 2.4)
         held, spent = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
         left = 0.0
