@@ -244,3 +244,31 @@ def test_a_failing_stage_raises_instead_of_hanging(four_devices):
     x, y = tf.zeros((6, 16)), tf.zeros(6, tf.int32)
     with pytest.raises(RuntimeError, match="broken on purpose"):
         pipeline.run_pipeline(model, broken_loss, x, y, micro_batches=3)
+
+
+@pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 4, 2), (4, 16, 3), (8, 32, 4), (8, 16, 3)])
+def test_the_interleaved_schedule_has_the_bubble_and_the_chunks_in_flight_the_planner_counts(p, m, v):
+    """Megatron-LM's interleaved 1F1B, built slot by slot: its bubble is (P − 1)/(V·M) of the ideal 2·V·M chunk
+    slots (pipeline.bubble_ratio, as Narayanan et al. and the Llama 3 paper write it), and each stage's most chunks
+    in flight are V × memory.in_flight (2·(P − s − 1) + (V − 1)·P + 1, or every chunk when M = P), the count
+    behind Korthikanti et al.'s factor (1 + (P − 1)/(P·V)) for the first stage."""
+    from mgpu_edu import memory
+
+    events = pipeline.interleaved_schedule(p, m, v)
+    assert len(events) == 2 * p * v * m and {e.chunk for e in events} == set(range(v))
+    slots = max(e.end for e in events)
+    assert (slots - 2 * v * m) / (2 * v * m) == pipeline.bubble_ratio(p, m, v)
+    assert pipeline.in_flight_peaks(events) == [v * memory.in_flight(p, s, m, v) for s in range(p)]
+    if m > p:
+        assert pipeline.in_flight_peaks(events)[0] == pytest.approx(p * v * (1 + (p - 1) / (p * v)))
+    for e in events:  # each chunk's backward after its forward, on the same stage
+        forward = next(f for f in events if (f.stage, f.chunk, f.micro_batch, f.phase) == (e.stage, e.chunk,
+                                                                                             e.micro_batch, "F"))
+        assert e.phase == "F" or forward.end <= e.start
+
+
+def test_the_interleaved_schedule_refuses_one_chunk_or_an_uneven_batch():
+    with pytest.raises(ValueError, match="for one chunk, use one_f_one_b_schedule"):
+        pipeline.interleaved_schedule(4, 8, 1)
+    with pytest.raises(ValueError, match="micro_batches=6"):
+        pipeline.interleaved_schedule(4, 6, 2)

@@ -464,6 +464,8 @@ def in_flight(pipeline: int, stage: int, micro_batches: int, virtual_stages: int
     s keeps that many plus one chunks, V chunks being one micro-batch's worth of the stage's layers: on
     the first stage P + (P − 1)/V, 1F1B's P times Korthikanti et al.'s factor for the interleaved
     schedule, 1 + (P − 1)/(P·V) (§4.2.3); with M = P Megatron-LM runs every forward first, so all M are.
+    :func:`mgpu_edu.parallelism.pipeline.interleaved_schedule` builds that schedule slot by slot and keeps
+    exactly these.
     With no pipeline, gradient accumulation runs the micro-batches one after another: one.
 
     Example:

@@ -144,7 +144,76 @@ def one_f_one_b_schedule(stages: int, micro_batches: int) -> list[Event]:
     return sorted(events, key=lambda e: (e.start, e.stage))
 
 
-def in_flight_peaks(events: Sequence[Event]) -> list[int]:
+class ChunkEvent(NamedTuple):
+    """One slot of an interleaved schedule: a stage runs one chunk of its layers for a micro-batch, forward or back."""
+
+    stage: int
+    chunk: int
+    micro_batch: int
+    phase: str
+    start: float
+    end: float
+
+
+def interleaved_schedule(stages: int, micro_batches: int, virtual_stages: int) -> list[ChunkEvent]:
+    """The interleaved 1F1B schedule (Narayanan et al., 2021, §2.2.2) with unit-time slots for each chunk's pass.
+
+    Each of the P stages holds V chunks of layers: chunk c of stage s is the model's (c·P + s)-th piece, so a
+    micro-batch crosses every stage V times. Each stage runs its chunks in Megatron-LM's order (groups of P
+    micro-batches, chunk by chunk), warming up with 2·(P − s − 1) + (V − 1)·P forwards (every forward when
+    M = P), then one forward and one backward in turn, each event as early as its inputs are ready. A
+    chunk's pass takes 1/V of a whole stage's, so against 1F1B's unit slots this schedule's slots are V
+    times as many and V times shorter; its bubble is (P − 1)/(V·M) of the ideal time (:func:`bubble_ratio`)
+    and stage s keeps the chunks :func:`mgpu_edu.memory.in_flight` counts. M must be a multiple of P, as
+    Megatron-LM requires.
+
+    Example:
+        >>> events = interleaved_schedule(4, 8, 2)
+        >>> max(e.end for e in events), in_flight_peaks(events)  # 2·V·M + 2·(P − 1) slots; chunks in flight
+        (38, [11, 9, 7, 5])
+    """
+    p, m, v = _count("stages", stages), _count("micro_batches", micro_batches), _count("virtual_stages", virtual_stages)
+    if v < 2 or m % p:
+        raise BadArgument(f"interleaved_schedule(stages={p}, micro_batches={m}, virtual_stages={v}) needs at least "
+                          "2 chunks per stage and a number of micro-batches that is a multiple of the stages: for "
+                          "one chunk, use one_f_one_b_schedule.")
+    total = v * m
+
+    def forward(k: int) -> tuple[int, int]:  # the k-th forward a stage runs: (chunk, micro-batch)
+        return (k // p) % v, (k // (p * v)) * p + k % p
+
+    def backward(k: int) -> tuple[int, int]:
+        chunk, micro_batch = forward(k)
+        return v - 1 - chunk, micro_batch
+
+    orders = []
+    for s in range(p):
+        warm_up = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
+        order = [("F", *forward(k)) for k in range(warm_up)]
+        for k in range(total - warm_up):
+            order += [("F", *forward(warm_up + k)), ("B", *backward(k))]
+        orders.append(order + [("B", *backward(k)) for k in range(total - warm_up, total)])
+    done: dict[tuple[int, int, int, str], int] = {}  # (stage, chunk, micro-batch, phase) -> the slot it ends
+    free, position, events = [0] * p, [0] * p, []
+    while len(events) < 2 * p * total:
+        for s in range(p):
+            while position[s] < len(orders[s]):
+                phase, c, i = orders[s][position[s]]
+                if phase == "F":  # the previous piece of the model: the stage before, or the last stage's chunk c − 1
+                    needs = [(s - 1, c, i, "F")] if s > 0 else ([(p - 1, c - 1, i, "F")] if c > 0 else [])
+                else:
+                    later = [(s + 1, c, i, "B")] if s < p - 1 else ([(0, c + 1, i, "B")] if c < v - 1 else [])
+                    needs = [(s, c, i, "F"), *later]
+                if any(n not in done for n in needs):
+                    break
+                start = max([free[s]] + [done[n] for n in needs])
+                done[(s, c, i, phase)] = free[s] = start + 1
+                events.append(ChunkEvent(s, c, i, phase, start, start + 1))
+                position[s] += 1
+    return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def in_flight_peaks(events: Sequence[Event | ChunkEvent]) -> list[int]:
     """For each stage, the most micro-batches it has run forward and not yet backward at once.
 
     Each of them keeps its activations on the stage's device until its backward pass, so
