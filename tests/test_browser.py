@@ -431,8 +431,8 @@ def test_planner_in_jupyterlab(lab, chromium, tmp_path):
         count = len(planner.plan(model, cluster, batch, max_sent=(cap + 10) * 1e9))
         fit = "1 layout fits" if count == 1 else f"{count} layouts fit"
         _shows(page, widget, f"at most {cap + 10:,} GB sent per device per step: {fit}")
-        _redraw(page, widget, lambda: widget.locator("select").select_option("6.7B on 8 T4s"))
-        after = _shows(page, widget, "6.7 B parameters on 8 devices of 15 GiB")
+        _redraw(page, widget, lambda: widget.locator("select").select_option("1.4B on 4 T4s"))
+        after = _shows(page, widget, "1.4 B parameters on 4 devices of 15 GiB")
         if RESULTS_DIR:
             widget.screenshot(path=str(Path(RESULTS_DIR) / "planner.png"))
     assert "64 sequences per step" in after

@@ -190,3 +190,17 @@ def test_exercise_puzzles_have_answers_and_say_why_a_split_that_adds_micro_batch
         assert "the largest part is activations" in said and "keeps every one in flight" in said, said
     assert planner.PUZZLE_OPTIONS[job] == {"precision": "mixed_fp32_grads", "split_embeddings": True}
     assert not set(planner.WIDGET_JOBS) & {"13B on 16 T4s", "65B at 32K tokens on 64 H100s", job}
+
+
+def test_the_advice_for_model_states_says_what_can_still_split_them():
+    """ZeRO can't split over one data-parallel device; once every device holds a 1/N share, only more devices
+    shrink it; before that, the ZeRO stage that splits the largest part."""
+    model, cluster, batch, _ = planner.PUZZLES["13B on 16 T4s"]
+    alone = planner.why_not(model, planner.Layout(1, 8, 2, micro_batches=64, recompute="full"), cluster)
+    assert "with one data-parallel device ZeRO has nothing to split it over" in alone
+    spread = planner.why_not(model, planner.Layout(16, 1, 1, zero=3, micro_batches=4, recompute="full"), cluster)
+    assert "the largest part is optimizer" in spread and "split over all 16 devices already" in spread
+    first = planner.why_not(model, planner.Layout(16, 1, 1, zero=0, micro_batches=4, recompute="full"), cluster)
+    assert "ZeRO-1 or more splits it over the 16 data-parallel devices" in first
+    crowded = planner.why_not(model, planner.Layout(2, 2, 4, micro_batch=16, micro_batches=2), cluster)
+    assert "smaller micro-batch" not in crowded and "with 2 micro-batches on 4 stages" in crowded

@@ -27,8 +27,8 @@ stages share a node). Without sequence parallelism each tensor rank sends its wh
 to the next stage, as the course's layouts do; with it, its share.
 
 The counts for the course's tiny GPT equal what lesson 16's 3-D run measured (the lesson asserts it); the
-published figures it reproduces (the ZeRO paper, Narayanan et al., Korthikanti et al., Llama 3, the Ultra-
-Scale Playbook) are checked in tests/test_published_runs.py, each beside its source.
+published figures it reproduces (the ZeRO paper, Narayanan et al., Korthikanti et al., Llama 3, the
+Ultra-Scale Playbook) are checked in tests/test_published_runs.py, each beside its source.
 """
 
 from __future__ import annotations
@@ -417,23 +417,29 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
         held = prediction.held
         worst = max(held, key=held.get)
         n = layout.data * layout.context
-        further = "more tensor or pipeline parallelism divides it further"
+        m, p = layout.micro_batches, layout.pipeline
+        crowded = m < p  # the first stage keeps every micro-batch in flight: more of them don't shrink its share
         shrink = (["sequence parallelism"] if layout.tensor > 1 and not layout.sequence_parallel else []) + \
             (["recomputation"] if layout.recompute == "none" else []) + \
-            (["a smaller micro-batch (more micro-batches)"] if layout.micro_batch > 1 else []) + \
+            (["a smaller micro-batch (more micro-batches)"] if layout.micro_batch > 1 and not crowded else []) + \
             ["spreading each sequence over more devices (tensor or context parallelism)"]
-        crowded = "" if layout.micro_batches >= layout.pipeline else (
-            f"; with {layout.micro_batches} micro-batches on {layout.pipeline} stages the first stage keeps every one "
-            "in flight, so a split that only adds micro-batches leaves its share as it is until they outnumber the "
+        note = "" if not crowded else (
+            f"; with {m} micro-batch{'es' if m != 1 else ''} on {p} stages the first stage keeps every one in "
+            "flight, so a split that only adds micro-batches leaves its share as it is until they outnumber the "
             "stages")
-        remedy = {"optimizer": f"a ZeRO stage of 1 or more splits it over the {n} data-parallel devices"
-                               if layout.zero < 1 or n == 1 else f"it is split {n} ways already: {further}",
-                  "gradients": f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
-                               if layout.zero < 2 or n == 1 else f"they are split {n} ways already: {further}",
-                  "weights": "ZeRO-3, or more tensor or pipeline parallelism, splits them" if layout.zero < 3
-                             else f"they are split {n} ways already: {further}",
+        spread = (f"it is split over all {layout.devices} devices already (ZeRO over the {n} data-parallel ones, "
+                  "tensor and pipeline parallelism for the rest): only more devices shrink it, so make room "
+                  "elsewhere")
+        alone = ("with one data-parallel device ZeRO has nothing to split it over: more tensor or pipeline "
+                 "parallelism divides it")
+        remedy = {"optimizer": alone if n == 1 else f"ZeRO-1 or more splits it over the {n} data-parallel devices"
+                               if layout.zero < 1 else spread,
+                  "gradients": alone if n == 1 else f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
+                               if layout.zero < 2 else spread,
+                  "weights": alone.replace(" it", " them") if n == 1 else "ZeRO-3, or more tensor or pipeline "
+                             "parallelism, splits them" if layout.zero < 3 else spread,
                   "activations": ", ".join(shrink[:-1]) + (" or " if len(shrink) > 1 else "") + shrink[-1]
-                                 + " shrinks them" + crowded,
+                                 + " shrinks them" + note,
                   "working": "fewer tokens per device shrink it: a smaller micro-batch, or context parallelism"}[worst]
         return (f"it needs {prediction.held_total / 2**30:,.1f} GiB on its fullest device, more than "
                 f"{memory.USABLE_FRACTION:.0%} of {cluster.memory_bytes / 2**30:,.0f} GiB; the largest part is "
@@ -464,6 +470,9 @@ PUZZLES: dict[str, tuple[Model, Cluster, int, float | None]] = {
     "6.7B on 8 T4s": (Model(layers=32, hidden=4096, heads=32, seq=2048, vocab=32000),
                       Cluster(devices=8, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
                               inter_bandwidth=16e9), 64, None),  # PCIe 3.0 x16: about 16 GB/s each way
+    "1.4B on 4 T4s": (Model(layers=24, hidden=2048, heads=16, seq=2048, vocab=50257),
+                      Cluster(devices=4, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
+                              inter_bandwidth=16e9), 32, None),  # a Colab-sized job: 4 T4s on PCIe
     "13B on 16 T4s": (Model(layers=40, hidden=5120, heads=40, seq=2048, vocab=32000),
                       Cluster(devices=16, memory_bytes=15 * 2**30, flops=65e12, intra_bandwidth=16e9,
                               inter_bandwidth=12.5e9), 64, None),  # two nodes of 8, 100 Gb/s between them
@@ -478,7 +487,7 @@ PUZZLE_OPTIONS: dict[str, dict[str, Any]] = {
     "Llama 3 405B at 128K tokens on 16,384 H100s": {"precision": "mixed_fp32_grads", "split_embeddings": True},
 }
 #: The jobs the Planner widget offers (the others are exercises whose answers it would show).
-WIDGET_JOBS = ("65B on 64 H100s", "6.7B on 8 T4s")
+WIDGET_JOBS = ("65B on 64 H100s", "1.4B on 4 T4s")
 
 
 def judge(puzzle: str, layout: Any) -> str:

@@ -214,7 +214,8 @@ def interleaved_schedule(stages: int, micro_batches: int, virtual_stages: int) -
 
 
 def in_flight_peaks(events: Sequence[Event | ChunkEvent]) -> list[int]:
-    """For each stage, the most micro-batches it has run forward and not yet backward at once.
+    """For each stage, the most micro-batches (chunks, in an interleaved schedule) it has run forward and not yet
+    backward at once.
 
     Each of them keeps its activations on the stage's device until its backward pass, so
     this is the schedule's activation memory, in micro-batches.
