@@ -193,13 +193,16 @@ def test_exercise_puzzles_have_answers_and_say_why_a_split_that_adds_micro_batch
 
 
 def test_the_advice_for_model_states_says_what_can_still_split_them():
-    """ZeRO can't split over one data-parallel device; once every device holds a 1/N share, only more devices
-    shrink it; before that, the ZeRO stage that splits the largest part."""
+    """With one data × context device ZeRO splits nothing: trade tensor or pipeline ranks for data ones (and that
+    works: the exercise's answer does it); once every device holds a 1/N share, make room elsewhere; before that,
+    the ZeRO stage that splits the largest part."""
     model, cluster, batch, _ = planner.PUZZLES["13B on 16 T4s"]
-    alone = planner.why_not(model, planner.Layout(1, 8, 2, micro_batches=64, recompute="full"), cluster)
-    assert "with one data-parallel device ZeRO has nothing to split it over" in alone
+    for t, p in ((8, 2), (4, 4), (2, 8), (1, 16)):  # every way to fill 16 devices with tensor and pipeline ranks
+        alone = planner.why_not(model, planner.Layout(1, t, p, micro_batches=64, recompute="full"), cluster)
+        assert "here there is one: trade some tensor or pipeline ranks for data or context ranks, with ZeRO-1" in alone
+    assert planner.judge("13B on 16 T4s", planner.Layout(4, 2, 2, zero=3, micro_batches=16, recompute="full")) == ""
     spread = planner.why_not(model, planner.Layout(16, 1, 1, zero=3, micro_batches=4, recompute="full"), cluster)
-    assert "the largest part is optimizer" in spread and "split over all 16 devices already" in spread
+    assert "the largest part is optimizer" in spread and "it is split over all 16 devices already" in spread
     first = planner.why_not(model, planner.Layout(16, 1, 1, zero=0, micro_batches=4, recompute="full"), cluster)
     assert "ZeRO-1 or more splits it over the 16 data-parallel devices" in first
     crowded = planner.why_not(model, planner.Layout(2, 2, 4, micro_batch=16, micro_batches=2), cluster)

@@ -427,17 +427,21 @@ def why_not(model: Model, layout: Layout, cluster: Cluster, max_sent: float | No
             f"; with {m} micro-batch{'es' if m != 1 else ''} on {p} stages the first stage keeps every one in "
             "flight, so a split that only adds micro-batches leaves its share as it is until they outnumber the "
             "stages")
-        spread = (f"it is split over all {layout.devices} devices already (ZeRO over the {n} data-parallel ones, "
-                  "tensor and pipeline parallelism for the rest): only more devices shrink it, so make room "
-                  "elsewhere")
-        alone = ("with one data-parallel device ZeRO has nothing to split it over: more tensor or pipeline "
-                 "parallelism divides it")
-        remedy = {"optimizer": alone if n == 1 else f"ZeRO-1 or more splits it over the {n} data-parallel devices"
-                               if layout.zero < 1 else spread,
-                  "gradients": alone if n == 1 else f"ZeRO-2 or 3 splits them over the {n} data-parallel devices"
-                               if layout.zero < 2 else spread,
-                  "weights": alone.replace(" it", " them") if n == 1 else "ZeRO-3, or more tensor or pipeline "
-                             "parallelism, splits them" if layout.zero < 3 else spread,
+        def spread(it: str) -> str:  # every device holds a 1/N share already
+            return (f"{it} split over all {layout.devices} devices already (ZeRO over the {n} data-parallel ones, "
+                    "tensor and pipeline parallelism for the rest): make room in the other parts"
+                    + (" (ZeRO-3 for the weights)" if layout.zero < 3 else "") + ", or use more devices")
+
+        def alone(stage: int) -> str:  # ZeRO has a single data × context device to split over
+            return ("ZeRO splits the model states over the data × context devices, and here there is one: trade "
+                    f"some tensor or pipeline ranks for data or context ranks, with ZeRO-{stage}")
+
+        remedy = {"optimizer": alone(1) if n == 1 else f"ZeRO-1 or more splits it over the {n} data-parallel "
+                               "devices" if layout.zero < 1 else spread("it is"),
+                  "gradients": alone(2) if n == 1 else f"ZeRO-2 or 3 splits them over the {n} data-parallel "
+                               "devices" if layout.zero < 2 else spread("they are"),
+                  "weights": alone(3) if n == 1 else "ZeRO-3, or more tensor or pipeline parallelism, splits them"
+                             if layout.zero < 3 else spread("they are"),
                   "activations": ", ".join(shrink[:-1]) + (" or " if len(shrink) > 1 else "") + shrink[-1]
                                  + " shrinks them" + note,
                   "working": "fewer tokens per device shrink it: a smaller micro-batch, or context parallelism"}[worst]
