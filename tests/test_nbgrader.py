@@ -71,13 +71,24 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """Run a command with this environment's scripts first on PATH (nbgrader runs `alembic` by name)."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
-    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, (f"{' '.join(args)} failed:\n{_errors(done.stderr)}\n{done.stdout[-3000:]}\n"
+                                  f"{done.stderr[-6000:]}")
     return done
+
+
+def _errors(log: str) -> str:
+    """Each error nbgrader logged, with the lines after it (its traceback): a batch's failure is often far
+    above the tail of its log."""
+    lines, starts = log.splitlines(), []
+    for i, line in enumerate(lines):
+        if ("| ERROR]" in line or line.startswith("Traceback")) and (not starts or i >= starts[-1] + 30):
+            starts.append(i)
+    return "\n".join("\n".join(lines[i:i + 30]) for i in starts[:5])[-8000:]
 
 
 def nbgrader(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     done = run(sys.executable, "-m", "nbgrader", *args, cwd=cwd)
-    assert "[ERROR]" not in done.stderr and "| ERROR]" not in done.stderr, done.stderr[-6000:]
+    assert "[ERROR]" not in done.stderr and "| ERROR]" not in done.stderr, _errors(done.stderr) or done.stderr[-6000:]
     return done
 
 
