@@ -49,7 +49,8 @@ MODULES = {
                     "sharding", "staleness", "tensor", "threed"), "parallelism"),
     **dict.fromkeys(("costmodel", "graphs", "memory", "perf", "planner", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
-    **dict.fromkeys(("assignments", "cli", "doctor", "markers", "preprocessors"), "course"),
+    **dict.fromkeys(("answers", "assignments", "cli", "doctor", "grading", "markers", "preprocessors", "sandbox"),
+                    "course"),
 }
 
 

@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 from mgpu_edu import assignments, course, markers
+from mgpu_edu.course import grading
 
 LESSONS = Path(__file__).resolve().parents[1] / "lessons"
 FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
@@ -82,7 +83,7 @@ def test_every_exercise_is_an_nbgrader_prompt_answer_and_check(file):
 
 @pytest.mark.parametrize("file", FILES)
 def test_instructor_version_stores_a_correct_answer_for_every_exercise(file):
-    results = assignments.exercise_results(nbformat.read(LESSONS / file, as_version=4), file)
+    results = grading.stored_results(nbformat.read(LESSONS / file, as_version=4), file)
     assert len(results) >= 2
     assert [r.status for r in results] == ["correct"] * len(results), results
 

@@ -120,7 +120,7 @@ def test_everything_but_doctors_tensorflow_line_works_without_tensorflow(tmp_pat
     assert mgpu_edu("badges", "--repo", "me/fork", "--ref", "x1", "--lessons", "S", cwd=tmp_path,
                     env=env, process=True).returncode == 0
     graded = mgpu_edu("grade", "--no-execute", str(LESSONS / "03_allreduce.ipynb"), cwd=tmp_path, process=True, env=env)
-    assert graded.returncode == 0 and "03_allreduce.ipynb: 2/2 correct" in graded.stdout
+    assert graded.returncode == 0 and "03_allreduce: 2/2 correct" in graded.stdout
     doctor = mgpu_edu("doctor", cwd=tmp_path, process=True, env=env)
     assert doctor.returncode == 1, doctor.stdout + doctor.stderr  # the lessons need TensorFlow
     assert "✗ TensorFlow" in doctor.stdout and "not installed" in doctor.stdout
@@ -357,29 +357,6 @@ def test_badges_needs_a_repo(tmp_path):
 
 # --- grade -----------------------------------------------------------------------------------------
 
-@pytest.mark.processes
-def test_grade_runs_each_notebook_and_reports_every_check(tmp_path):
-    write_notebook(tmp_path / "alice.ipynb", "from mgpu_edu import check",
-                   "answer = 2 * (8 - 1)\nfeedback = check.ring_steps(answer, n=8)",
-                   "answer = 8\nfeedback = check.ring_steps(answer, n=8)",
-                   "answer = ...\nfeedback = check.ring_bytes(answer, n=6, nbytes=6_000_000)",
-                   "answer = 1 / 0\nfeedback = check.ring_steps(answer, n=8)",
-                   "print('the notebook went on')")
-    # a process of its own: the kernels' warnings go to its stderr, which a capture in this process would miss
-    done = mgpu_edu("grade", "alice.ipynb", "--csv", "grades.csv", cwd=tmp_path, process=True)
-    assert done.returncode == 0, done.stderr
-    assert "alice.ipynb: 1/4 correct" in done.stdout
-    rows = (tmp_path / "grades.csv").read_text().splitlines()
-    assert rows[0] == "notebook,exercise,check,status,feedback"
-    statuses = [row.split(",")[3] for row in rows[1:]]
-    assert statuses == ["correct", "wrong", "unsolved", "error"]
-    assert "ZeroDivisionError" in rows[4]
-    handed_in = nbformat.read(tmp_path / "alice.ipynb", as_version=4)
-    assert all(not cell.outputs for cell in handed_in.cells)  # grading doesn't rewrite the student's file
-    assert "without encryption" not in done.stderr  # the kernel talks over local sockets, quietly
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["alice.ipynb", "grades.csv"]  # and leaves none behind
-
-
 def test_grade_tells_same_named_notebooks_apart_by_their_path(tmp_path):
     # GitHub Classroom: one clone per student, the same file name in each
     for student in ("alice-repo", "bob-repo"):
@@ -388,20 +365,42 @@ def test_grade_tells_same_named_notebooks_apart_by_their_path(tmp_path):
     done = mgpu_edu("grade", "--no-execute", "alice-repo/07_model_parallel.ipynb", "bob-repo/07_model_parallel.ipynb",
                     "--csv", "grades.csv", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "alice-repo/07_model_parallel.ipynb: 2/2 correct" in done.stdout
-    assert "bob-repo/07_model_parallel.ipynb: 2/2 correct" in done.stdout
-    rows = (tmp_path / "grades.csv").read_text().splitlines()[1:]
-    assert [row.split(",")[0] for row in rows] == ["alice-repo/07_model_parallel.ipynb"] * 2 + \
-        ["bob-repo/07_model_parallel.ipynb"] * 2
+    assert "alice-repo/07_model_parallel: 2/2 correct, 2/2 points (lesson 07_model_parallel)" in done.stdout
+    assert "bob-repo/07_model_parallel: 2/2 correct" in done.stdout
+    assert "not verified" in done.stderr  # --no-execute says that it trusts the stored outputs
+    rows = list(csv.DictReader((tmp_path / "grades.csv").read_text().splitlines()))
+    assert [(r["student"], r["exercise"]) for r in rows] == [("alice-repo/07_model_parallel", e) for e in "12"] + [
+        ("alice-repo/07_model_parallel", "total")] + [("bob-repo/07_model_parallel", e) for e in ("1", "2", "total")]
+    assert "stored outputs" in rows[2]["feedback"]
 
 
+def test_grade_takes_a_folder_of_notebooks(tmp_path):
+    for student in ("alice", "bob"):
+        (tmp_path / "in" / student / ".ipynb_checkpoints").mkdir(parents=True)
+        shutil.copy(LESSONS / "03_allreduce.ipynb", tmp_path / "in" / student)
+        shutil.copy(LESSONS / "03_allreduce.ipynb", tmp_path / "in" / student / ".ipynb_checkpoints")
+    done = mgpu_edu("grade", "--no-execute", "in", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "alice/03_allreduce: 2/2 correct" in done.stdout and "bob/03_allreduce: 2/2 correct" in done.stdout
+    assert "checkpoints" not in done.stdout
+    (tmp_path / "empty").mkdir()
+    empty = mgpu_edu("grade", "empty", cwd=tmp_path)
+    assert empty.returncode == 2 and "'empty' is a folder with no notebooks (.ipynb) in it" in empty.stderr
+
+
+@pytest.mark.light  # grading a file that doesn't exist still says what the sandbox holds (a Python, no TensorFlow)
 def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):
     done = mgpu_edu("grade", "--no-execute", str(LESSONS / "07_model_parallel.ipynb"), cwd=tmp_path)
-    assert done.returncode == 0 and "07_model_parallel.ipynb: 2/2 correct" in done.stdout
+    assert done.returncode == 0 and "07_model_parallel: 2/2 correct" in done.stdout
     missing = mgpu_edu("grade", "nope.ipynb", cwd=tmp_path)
     assert missing.returncode == 1 and "'nope.ipynb' does not exist" in missing.stdout
     bad = mgpu_edu("grade", "--timeout", "soon", "x.ipynb", cwd=tmp_path)
     assert bad.returncode == 2 and "'soon' is not a whole number of seconds" in bad.stderr
+    jobs = mgpu_edu("grade", "--jobs", "0", "x.ipynb", cwd=tmp_path)
+    assert jobs.returncode == 2 and "'0' is not a whole number above 0" in jobs.stderr
+    lesson = mgpu_edu("grade", "--lesson", "99", "x.ipynb", cwd=tmp_path)
+    assert lesson.returncode == 2 and "--lesson 99: no lesson with exercises matches; give one of 00_devices" in \
+        lesson.stderr
     glob = mgpu_edu("grade", "handed-in/*.ipynb", cwd=tmp_path)  # the shell passes a pattern that matched nothing
     assert glob.returncode == 1 and "does not exist (a pattern that matched no file?)" in glob.stdout
     student = tmp_path / "never-run.ipynb"
@@ -409,6 +408,9 @@ def test_grade_reads_saved_outputs_and_explains_bad_inputs(tmp_path):
     unrun = mgpu_edu("grade", "--no-execute", student.name, cwd=tmp_path)
     assert unrun.returncode == 1 and "has no saved outputs: it was handed in without being run" in unrun.stdout
     assert "Grade it without --no-execute" in unrun.stdout
+    (tmp_path / "feedback").write_text("")
+    taken = mgpu_edu("grade", "--feedback", "feedback", "x.ipynb", cwd=tmp_path)
+    assert taken.returncode == 2 and "--feedback feedback: that is a file" in taken.stderr
 
 
 def test_grade_grades_every_notebook_of_a_batch_and_always_writes_the_csv(tmp_path):
@@ -421,16 +423,17 @@ def test_grade_grades_every_notebook_of_a_batch_and_always_writes_the_csv(tmp_pa
     done = mgpu_edu("grade", "--no-execute", "alice.ipynb", "broken.ipynb", "missing.ipynb", "plain.ipynb",
                     "zoe.ipynb", "--csv", "g.csv", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
-    assert "alice.ipynb: 2/2 correct" in done.stdout and "zoe.ipynb: 2/2 correct" in done.stdout
-    assert "broken.ipynb: not graded (could not be graded: ValueError: 'broken.ipynb' is not a notebook file" in \
-        done.stdout and "ask for the .ipynb again" in done.stdout
-    assert "missing.ipynb: not graded (could not be graded: FileNotFoundError" in done.stdout
-    assert "plain.ipynb: not graded (no exercises" in done.stdout
+    assert "alice: 2/2 correct" in done.stdout and "zoe: 2/2 correct" in done.stdout
+    assert "broken: not graded (failed: 'broken.ipynb' is not a notebook file" in done.stdout
+    assert "ask for the .ipynb again" in done.stdout
+    assert "missing: not graded (failed: 'missing.ipynb' does not exist" in done.stdout
+    assert "plain: not graded (failed: no exercises" in done.stdout
     assert "3 of 5 notebook(s) could not be graded: broken.ipynb, missing.ipynb, plain.ipynb" in done.stderr
-    rows = list(csv.reader((tmp_path / "g.csv").read_text().splitlines()))[1:]
-    assert [(r[0], r[3]) for r in rows] == [("alice.ipynb", "correct")] * 2 + [
-        ("broken.ipynb", "failed"), ("missing.ipynb", "failed"), ("plain.ipynb", "failed")] + [
-        ("zoe.ipynb", "correct")] * 2
+    rows = list(csv.DictReader((tmp_path / "g.csv").read_text().splitlines()))
+    assert [(r["student"], r["exercise"], r["status"]) for r in rows] == [
+        ("alice", "1", "correct"), ("alice", "2", "correct"), ("alice", "total", "graded"),
+        ("broken", "total", "failed"), ("missing", "total", "failed"), ("plain", "total", "failed"),
+        ("zoe", "1", "correct"), ("zoe", "2", "correct"), ("zoe", "total", "graded")]
 
 
 def test_grade_checks_the_gradebook_folder_before_grading(tmp_path):

@@ -11,7 +11,9 @@
   doesn't check that). That grading reads the outputs is checked too: an error stored in a check cell costs
   its point;
 - on lesson 03's exercises (a notebook of just them, which runs in a second), a solved student copy
-  gets full points, and one whose locked checks were edited zero (nbgrader restores them);
+  gets full points, and one whose locked checks were edited zero (nbgrader restores them); one whose
+  check cells were deleted gets zero, and one that replaces the checks full points unsolved (nbgrader's
+  limits, which docs/instructors.md states);
 - ``nbgrader generate_feedback`` writes an HTML report for each.
 
 The kernels of the runs above are forked from one process that has imported TensorFlow and Keras
@@ -24,6 +26,7 @@ The scores go to build/nbgrader/scores.md (git-ignored), for the record. Every t
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -34,6 +37,7 @@ import pytest
 from warm_kernels import warm_kernels
 
 from mgpu_edu import assignments, course, markers
+from mgpu_edu.course import grading
 
 # nbgrader and nbconvert come with the dev extra, not with a learner's or Colab's install: they are
 # imported when these tests run (and fail them if missing), not when pytest collects this file, so
@@ -43,7 +47,14 @@ ROOT = Path(__file__).resolve().parents[1]
 LESSONS = ROOT / "lessons"
 FILES = [lesson.file for lesson in course.load(LESSONS).lessons]
 STUDENTS = {"instructor": "the instructor's version, solutions in", "untouched": "the student version, untouched"}
-EXERCISES = "03_exercises"  # lesson 03's exercises alone, for the solved and edited student copies
+EXERCISES = "03_exercises"  # lesson 03's exercises alone, for the solved, edited, deleted and patched copies
+#: An answer cell that replaces every check with one that says "correct" (nbgrader's hidden asserts then pass).
+PATCH_CHECKS = """\
+import types, mgpu_edu
+for name in dir(mgpu_edu.check):
+    if not name.startswith("_") and callable(getattr(mgpu_edu.check, name)):
+        setattr(mgpu_edu.check, name, lambda *a, **k: types.SimpleNamespace(correct=True))
+answer = ..."""
 
 pytestmark = pytest.mark.lessons
 
@@ -152,8 +163,14 @@ def graded(released, executions) -> Path:
     for cell in edited.cells:
         if is_grade(cell):
             cell.source = "feedback = 'correct'"
+    deleted = nbformat.from_dict(copy.deepcopy(dict(solved)))  # solved, its check cells deleted
+    deleted.cells = [c for c in deleted.cells if not is_grade(c)]
+    patched = nbformat.read(released / "release" / EXERCISES / f"{EXERCISES}.ipynb", as_version=4)
+    next(c for c in patched.cells if is_solution(c)).source = PATCH_CHECKS
     submit(released, "solved", EXERCISES, solved)
     submit(released, "edited", EXERCISES, edited)
+    submit(released, "deleted", EXERCISES, deleted)
+    submit(released, "patched", EXERCISES, patched)
     with warm_kernels():
         nbgrader("autograde", EXERCISES, cwd=released)
     nbgrader("generate_feedback", "*", cwd=released)
@@ -210,7 +227,7 @@ def test_autograde_gives_the_solutions_full_points_and_the_untouched_version_zer
         assert error.ename == "AssertionError" and error.evalue.startswith("⏳ Not solved yet"), error.evalue
         cell.outputs = [o for o in cell.outputs if o.output_type != "error"]  # nbgrader's hidden assert, not ours
     # and, without the hidden asserts, it is what a student sees: each check printed "not solved yet"
-    results = assignments.exercise_results(nb, file)
+    results = grading.stored_results(nb, file)
     assert len(results) == points
     assert [r.status for r in results] == ["unsolved"] * len(results), results
     assert all(r.message for r in results)
@@ -224,6 +241,11 @@ def test_autograde_scores_a_solved_student_copy_and_restores_edited_checks(grade
     with gradebook(graded) as gb:
         assert gb.find_submission(EXERCISES, "solved").score == 2
         assert gb.find_submission(EXERCISES, "edited").score == 0  # its checks were put back, and failed
+        # nbgrader's limits, as docs/instructors.md states them: a deleted check cell isn't put back (the
+        # solved answers score nothing), and the checks run in the student's kernel, so an answer cell that
+        # replaces them scores full points unsolved. `mgpu-edu grade` gives these 2 and 0 (tests/test_grading.py).
+        assert gb.find_submission(EXERCISES, "deleted").score == 0
+        assert gb.find_submission(EXERCISES, "patched").score == 2
     nb = nbformat.read(graded / "autograded" / "edited" / EXERCISES / f"{EXERCISES}.ipynb", as_version=4)
     assert all("assert feedback.correct" in c.source for c in nb.cells if is_grade(c))
 

@@ -17,15 +17,12 @@ cell fails, and scores zero, unless its check said "correct".
 Markers are matched the way nbgrader matches them: any line that contains "BEGIN SOLUTION"
 starts a region, so keep those words out of prose in the lessons.
 
-Nothing here imports TensorFlow; grading runs notebooks in their own kernels.
+Grading is :mod:`mgpu_edu.course.grading`. Nothing here imports TensorFlow.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +31,6 @@ from mgpu_edu.course.manifest import MANIFEST, STUDENT
 from mgpu_edu.course.markers import has_region
 
 _CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
-_STATUS = {"✅ Correct": "correct", "❌ Not yet right": "wrong", "⏳ Not solved yet": "unsolved"}
 
 
 def student_version(nb: Any, name: str = "notebook") -> Any:
@@ -216,116 +212,3 @@ def write_nbgrader_course(source: Path, course: Path, course_id: str = "mgpu_edu
         target.write_bytes(content)
         written.append(target)
     return written
-
-
-@dataclasses.dataclass(frozen=True)
-class ExerciseResult:
-    """One exercise in a handed-in notebook: which check ran, and what it said."""
-
-    notebook: str
-    exercise: int
-    check: str
-    status: str  # "correct", "wrong", "unsolved", "error" (the cell raised or never ran), "failed" (not graded)
-    message: str
-
-
-def _evalue(error: Any) -> str:
-    """An error output's message, with IPython's name for a cell's file ("1234567.py") said plainly.
-
-    Example:
-        >>> _evalue({"evalue": "expected ':' (565971781.py, line 1)"})
-        "expected ':' (line 1 of that cell)"
-    """
-    return re.sub(r"\(\d+\.py, line (\d+)\)", r"(line \1 of that cell)", str(error.get("evalue", "")))
-
-
-def _error(cell: Any) -> Any:
-    """The cell's error output, or None."""
-    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-
-
-def exercise_results(nb: Any, name: str) -> list[ExerciseResult]:
-    """Read the exercise checks' feedback from a notebook's outputs.
-
-    A check that raised NameError because the student's own cell above it failed (so `answer`
-    was never set) is reported with the student's error, which is the one to fix.
-    """
-    results = []
-    code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    before = None  # the last error of a non-check cell since the previous check
-    number = 0
-    for cell in code:
-        if not _CHECK_CALL.search(cell.source):
-            before = _error(cell) or before
-            continue
-        number += 1
-        check = _CHECK_CALL.search(cell.source).group(1)
-        status, message = "error", "the cell printed no feedback (it raised an error, or was never run)"
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error":
-                status, message = "error", f"{output.get('ename')}: {_evalue(output)}"
-                if output.get("ename") == "NameError" and before is not None:
-                    message = (f"your cell above raised {before.get('ename')}: {_evalue(before)}; so the check "
-                               f"found nothing to check ({message})")
-                break
-            text = output.get("text", "") if output.get("output_type") == "stream" else ""
-            for line in text.splitlines():
-                for icon, value in _STATUS.items():
-                    if line.startswith(icon):
-                        status, message = value, line[len(icon):].lstrip(": ")
-        results.append(ExerciseResult(name, number, check, status, message))
-        before = None
-    return results
-
-
-def _read_handed_in(path: Path) -> Any:
-    import nbformat
-
-    if not Path(path).is_file():
-        pattern = " (a pattern that matched no file?)" if any(c in str(path) for c in "*?[") else ""
-        raise FileNotFoundError(f"{str(path)!r} does not exist{pattern}. Give the notebooks to grade, "
-                                "for example: mgpu-edu grade submissions/*.ipynb")
-    try:
-        return nbformat.read(path, as_version=4)
-    except (ValueError, KeyError, AttributeError) as error:  # NotJSONError is a ValueError; so is a bad schema
-        raise ValueError(f"{str(path)!r} is not a notebook file ({' '.join(str(error).split())[:120]}): ask for "
-                         "the .ipynb again (in Jupyter or Colab: File → Download → .ipynb)") from None
-
-
-def run_notebook(path: Path, timeout: int = 600) -> Any:
-    """Run a notebook top to bottom in a fresh kernel, in its own folder; return the executed notebook.
-
-    Errors don't stop the run: they are kept as error outputs of the cells that raised.
-    """
-    from jupyter_client.manager import KernelManager
-    from nbclient import NotebookClient
-
-    nb = _read_handed_in(path)
-    # Kernel and client talk over local sockets (IPC) where the system has them: no TCP port, so no
-    # "running over TCP without encryption" warning for every notebook of a batch. The sockets live
-    # in a temporary folder, and the kernel is shut down here (a client given its manager doesn't).
-    with tempfile.TemporaryDirectory(prefix="mgpu-edu-grade-") as sockets:
-        manager = KernelManager(kernel_name="python3", transport="tcp" if sys.platform == "win32" else "ipc")
-        if manager.transport == "ipc":
-            manager.ip = str(Path(sockets) / "kernel")
-        try:
-            NotebookClient(nb, km=manager, timeout=timeout, allow_errors=True, kernel_name="python3",
-                           resources={"metadata": {"path": str(Path(path).parent)}}).execute()
-        finally:
-            if manager.has_kernel:
-                manager.shutdown_kernel(now=True)
-    return nb
-
-
-def grade(path: Path, execute: bool = True, timeout: int = 600) -> list[ExerciseResult]:
-    """Grade one handed-in notebook: run it in a fresh kernel (unless execute is False), read its checks.
-
-    Errors in the student's cells don't stop the run; the exercise they break is graded "error".
-    """
-    nb = run_notebook(path, timeout) if execute else _read_handed_in(path)
-    results = exercise_results(nb, str(path))
-    code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    if results and not execute and not any(cell.get("outputs") or cell.get("execution_count") for cell in code):
-        raise ValueError(f"{str(path)!r} has no saved outputs: it was handed in without being run, so there is "
-                         "no feedback to read. Grade it without --no-execute, which runs it.")
-    return results

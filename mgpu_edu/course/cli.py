@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mgpu_edu import __version__
 from mgpu_edu.course import manifest as course
 from mgpu_edu.course.assignments import (
-    ExerciseResult,
-    grade,
     without_exercises,
     write_nbgrader_course,
     write_student_versions,
 )
 from mgpu_edu.course.doctor import report
 from mgpu_edu.course.manifest import MANIFEST, shipped_folder
+
+if TYPE_CHECKING:
+    from mgpu_edu.course.grading import Graded
 
 EXAMPLES = """\
 examples:
@@ -213,47 +216,201 @@ def _csv_target(text: str) -> Path:
     return target
 
 
-def _grade(args: argparse.Namespace) -> int:
-    _require("grade", "nbformat", *(() if args.no_execute else ("nbclient", "ipykernel")))
-    csv_file = _csv_target(args.csv) if args.csv else None  # before grading, not after
-    results, failed = [], []
-    for notebook in args.notebooks:
-        print(f"grading {notebook} ...", file=sys.stderr, flush=True)
-        try:
-            graded = grade(Path(notebook), execute=not args.no_execute, timeout=args.timeout)
-        except Exception as error:  # a handed-in file can be anything: report it, grade the others
-            reason = " ".join(f"{type(error).__name__}: {error}".split())[:300]
-            print(f"  could not grade {notebook}: {reason}", file=sys.stderr, flush=True)
-            failed.append(notebook)
-            results.append(ExerciseResult(notebook, 0, "-", "failed", f"could not be graded: {reason}"))
-            continue
-        if not graded:
-            failed.append(notebook)
-            graded = [ExerciseResult(notebook, 0, "-", "failed", "no exercises: this notebook calls no "
-                                     "mgpu_edu check, so there is nothing to grade (is it a course lesson?)")]
-        results += graded
-    width = max([len(r.notebook) for r in results] + [8])
-    print(f"{'notebook':<{width}}  ex  {'check':<22}  {'status':<9}  feedback")
-    for r in results:
-        print(f"{r.notebook:<{width}}  {r.exercise or '-':>2}  {r.check:<22}  {r.status:<9}  {r.message}")
-    for notebook in dict.fromkeys(r.notebook for r in results):
-        mine = [r for r in results if r.notebook == notebook]
-        if notebook in failed:
-            print(f"{notebook}: not graded ({mine[0].message})")
-        else:
-            print(f"{notebook}: {sum(r.status == 'correct' for r in mine)}/{len(mine)} correct")
-    if csv_file is not None:
-        import csv
+def _feedback_target(text: str) -> Path:
+    """The --feedback folder, made before any grading."""
+    target = Path(text)
+    if target.exists() and not target.is_dir():
+        raise CommandError(f"--feedback {text}: that is a file; give a folder for the feedback files, e.g. "
+                           "--feedback feedback")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CommandError(f"--feedback {text}: can't make that folder ({error.strerror}); choose another") from None
+    return target
 
-        with open(csv_file, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["notebook", "exercise", "check", "status", "feedback"])
-            writer.writerows([r.notebook, r.exercise or "", r.check, r.status, r.message] for r in results)
-        print(f"wrote {csv_file}")
-    if failed:
-        print(f"{len(failed)} of {len(args.notebooks)} notebook(s) could not be graded: {', '.join(failed)}",
+
+_COLUMNS = ["student", "notebook", "lesson", "exercise", "check", "status", "points", "max_points", "feedback"]
+
+
+def _text(value: object) -> object:
+    """A CSV field a spreadsheet won't run: text from a notebook (a file name, an error message) may start with
+    "=", which Excel and LibreOffice read as a formula; a leading apostrophe keeps it text (OWASP's advice)."""
+    return f"'{value}" if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+
+
+def _rows(g: Graded) -> list[list[object]]:
+    """A notebook's CSV rows: one per exercise, then its total (status: graded, or why not; feedback: notes)."""
+    return [[_text(value) for value in row] for row in _raw_rows(g)]
+
+
+def _raw_rows(g: Graded) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for r in g.results:
+        if r.exercise:
+            rows.append([g.name, str(g.path), g.lesson, r.exercise, r.check, r.status, f"{r.points:g}",
+                         f"{r.max_points:g}", r.message])
+    status = g.results[0].status if g.failed else "graded"
+    notes = [g.results[0].message] if g.failed else []
+    rows.append([g.name, str(g.path), g.lesson, "total", "", status, f"{g.points:g}",
+                 f"{g.max_points:g}", "; ".join(notes + list(g.notes))])
+    return rows
+
+
+def _feedback_text(g: Graded) -> str:
+    """What a student reads: the grade, each check's verdict and feedback, and what the grader noted."""
+    if g.failed:
+        return f"# {g.name}\n\nNot graded: {g.results[0].message}\n"
+    lines = [f"# {g.name}: lesson {g.lesson}, {g.points:g} of {g.max_points:g} points", ""]
+    for r in g.results:
+        lines.append(f"- Exercise {r.exercise} ({r.check}): {r.status}. {r.message}")
+    if g.notes:
+        lines += ["", "Notes:"] + [f"- {note}" for note in g.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _notebook_paths(given: list[str]) -> list[Path]:
+    """The notebooks to grade: each file given, and every notebook under each folder given (checkpoints left out)."""
+    paths = []
+    for text in given:
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*.ipynb") if not any(part.startswith(".") for part in
+                                                                      p.relative_to(path).parts))
+            if not found:
+                raise CommandError(f"{text!r} is a folder with no notebooks (.ipynb) in it: give the folder the "
+                                   "handed-in notebooks are in, or the notebooks themselves")
+            paths += found
+        else:
+            paths.append(path)
+    return paths
+
+
+def _grade(args: argparse.Namespace) -> int:
+    import csv
+    import os
+    import signal
+
+    _require("grade", "nbformat", *(() if args.no_execute else ("nbclient", "ipykernel", "psutil")))
+    from mgpu_edu.course import grading
+
+    csv_file = _csv_target(args.csv) if args.csv else None  # before grading, not after
+    feedback = _feedback_target(args.feedback) if args.feedback else None
+    try:
+        lessons = grading.course_lessons(Path(args.course) if args.course else None)
+    except (OSError, ValueError) as error:
+        raise CommandError(f"--course {args.course}: {error}") from None
+    expected = None
+    if args.lesson:
+        matches = [f for f in lessons if args.lesson in (f, Path(f).stem) or Path(f).stem.startswith(args.lesson)]
+        if len(matches) != 1:
+            raise CommandError(f"--lesson {args.lesson}: {'no' if not matches else 'more than one'} lesson with "
+                               f"exercises matches; give one of {', '.join(Path(f).stem for f in lessons)}")
+        expected = matches[0]
+    paths = _notebook_paths(args.notebooks)
+    done: list[Graded] = []
+    handle = open(csv_file, "w", newline="", encoding="utf-8") if csv_file else None  # noqa: SIM115
+    writer = csv.writer(handle) if handle else None
+    if writer:
+        writer.writerow(_COLUMNS)
+        handle.flush()
+    bar = _progress(len(paths), args.no_execute)
+
+    def graded(result: Graded) -> None:
+        done.append(result)
+        if writer:
+            writer.writerows(_rows(result))
+            handle.flush()
+        if feedback is not None:
+            target = feedback / f"{result.name}.md"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_feedback_text(result), encoding="utf-8")
+        bar(result)
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop) if hasattr(signal, "SIGTERM") else None
+    try:
+        if args.no_execute:
+            print(f"note: --no-execute {grading.TRUSTED}", file=sys.stderr)
+            for path, name in zip(paths, grading.names_for(paths), strict=True):
+                graded(grading.grade_stored(path, name, lessons))
+        else:
+            from mgpu_edu.course import sandbox
+
+            print(f"each notebook runs apart. {sandbox.describe()}", file=sys.stderr, flush=True)
+            limits = grading.Limits(args.timeout, args.notebook_timeout, args.memory_mb)
+            grading.grade_batch(paths, lessons, limits, jobs=args.jobs, expected=expected, on_graded=graded)
+    except KeyboardInterrupt:
+        if handle:
+            handle.close()
+        kept = f"; {csv_file} holds them" if csv_file else ""
+        print(f"\ninterrupted: {len(done)} of {len(paths)} notebook(s) graded{kept}. Every kernel was stopped.",
               file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    order = {str(p): i for i, p in enumerate(paths)}
+    results = sorted(done, key=lambda g: order.get(str(g.path), 0))
+    if handle:  # rewritten in the order given, now that every row is in
+        handle.close()
+        with open(f"{csv_file}.part", "w", newline="", encoding="utf-8") as part:
+            rows = csv.writer(part)
+            rows.writerow(_COLUMNS)
+            for result in results:
+                rows.writerows(_rows(result))
+        os.replace(f"{csv_file}.part", csv_file)
+    _print_table(results)
+    if csv_file:
+        print(f"wrote {csv_file}")
+    if feedback is not None:
+        print(f"wrote {len(results)} feedback file(s) in {feedback}")
+    failed = [str(g.path) for g in results if g.failed]
+    if failed:
+        print(f"{len(failed)} of {len(paths)} notebook(s) could not be graded: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _progress(total: int, quiet: bool) -> Callable[[Graded], None]:
+    """A progress bar on stderr (tqdm's, where it is installed and stderr is a terminal), else a line per notebook."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    if tqdm is not None and sys.stderr.isatty() and not quiet:
+        bar = tqdm(total=total, unit="notebook", file=sys.stderr, desc="grading")
+
+        def advance(result: Graded) -> None:
+            bar.set_postfix_str(str(result.name)[-30:])
+            bar.update()
+            if bar.n == total:
+                bar.close()
+        return advance
+    count = [0]
+
+    def line(result: Graded) -> None:
+        count[0] += 1
+        seconds = f" in {result.seconds:.0f} s" if result.seconds else ""
+        print(f"graded {count[0]} of {total}: {result.name}{seconds}", file=sys.stderr, flush=True)
+    return line
+
+
+def _print_table(results: list[Graded]) -> None:
+    width = max([len(g.name) for g in results] + [8])
+    print(f"{'notebook':<{width}}  ex  {'check':<22}  {'status':<13}  feedback")
+    for g in results:
+        for r in g.results:
+            print(f"{g.name:<{width}}  {r.exercise or '-':>2}  {r.check:<22}  {r.status:<13}  {r.message}")
+    for g in results:
+        if g.failed:
+            print(f"{g.name}: not graded ({g.results[0].status}: {g.results[0].message})")
+            continue
+        correct = sum(r.status == "correct" for r in g.results)
+        print(f"{g.name}: {correct}/{len(g.results)} correct, {g.points:g}/{g.max_points:g} points "
+              f"(lesson {g.lesson})")
+        for note in g.notes:
+            print(f"  note: {note}")
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -269,6 +426,16 @@ def _positive_seconds(text: str) -> int:
         value = 0
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds above 0; try 600")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number above 0; try 2")
     return value
 
 
@@ -327,17 +494,31 @@ def build_parser() -> argparse.ArgumentParser:
     nbgrader.add_argument("--force", action="store_true", help="overwrite files in COURSE that differ")
     nbgrader.set_defaults(run=_nbgrader)
 
-    grade = commands.add_parser("grade", help="run handed-in notebooks and report each exercise's check",
-                                description="Run each notebook in a fresh kernel (errors in it don't stop it) "
-                                "and report what every exercise check said: correct, wrong, unsolved, or error. "
-                                "A notebook that can't be read or run, or has no exercises, is reported as "
-                                "'failed' with the reason, and the others are graded all the same; the CSV is "
-                                "always written (its folder is checked first). Exit status 1 if any notebook "
-                                "failed.")
-    grade.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="handed-in notebooks")
-    grade.add_argument("--no-execute", action="store_true", help="read the outputs saved in the notebooks instead")
-    grade.add_argument("--csv", metavar="FILE", help="also write the results to a CSV gradebook")
-    grade.add_argument("--timeout", type=_positive_seconds, default=600, help="seconds per cell (default 600)")
+    grade = commands.add_parser("grade", help="grade handed-in notebooks, each run apart, by the course's checks",
+                                description="Grade each handed-in notebook by the course's own checks: its check "
+                                "cells are put back from the course, it runs in a throwaway folder and a kernel "
+                                "of its own with time and memory limits, and each exercise's answer is read from "
+                                "the kernel as data and judged by the grader, not by what the notebook printed. "
+                                "Every file gets a row, with a reason when it can't be graded. Exit status 1 if "
+                                "any file couldn't be graded. docs/instructors.md explains what this prevents and "
+                                "what it doesn't.")
+    grade.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="handed-in notebooks, or folders of them")
+    grade.add_argument("--lesson", metavar="LESSON", help="the lesson assigned (e.g. 03_allreduce, or 03): a "
+                       "notebook of another lesson is graded 'wrong lesson'")
+    grade.add_argument("--course", metavar="DIR", help="the course's lessons folder, with its course.toml (default: "
+                       "the lessons shipped with this mgpu_edu)")
+    grade.add_argument("--csv", metavar="FILE", help="write a gradebook: a row per exercise and a total per notebook, "
+                       "each row as its notebook finishes")
+    grade.add_argument("--feedback", metavar="DIR", help="write a feedback file per notebook (Markdown) into DIR")
+    grade.add_argument("--jobs", type=_positive_int, default=1, help="notebooks graded at once (default 1; at most "
+                       "the number of cores, each with --memory-mb to spare)")
+    grade.add_argument("--timeout", type=_positive_seconds, default=300, help="seconds a cell may run (default 300)")
+    grade.add_argument("--notebook-timeout", type=_positive_seconds, default=1200,
+                       help="seconds a whole notebook may run (default 1200)")
+    grade.add_argument("--memory-mb", type=_positive_int, default=3000,
+                       help="memory a notebook's kernel and its processes may hold together (default 3000)")
+    grade.add_argument("--no-execute", action="store_true", help="don't run anything: read the feedback saved in "
+                       "the notebooks, trusting it (a student can edit saved outputs)")
     grade.set_defaults(run=_grade)
 
     doctor = commands.add_parser("doctor", help="what this machine offers, what will work, and fixes",

@@ -275,7 +275,7 @@ def lesson_table(course: Course, repo: str | None = None, ref: str | None = None
 INSTALLS = [("", "the helpers only; uses the TensorFlow you have (Colab)"),
             ("cpu", "plus `tensorflow-cpu` (plain `tensorflow` on macOS, where it is the CPU build)"),
             ("gpu", "plus `tensorflow[and-cuda]` for NVIDIA GPUs on Linux"),
-            ("cpu,instructor", "plus nbformat, nbconvert and nbclient, for `mgpu-edu badges`, `student` and `grade`"),
+            ("cpu,instructor", "plus nbformat, nbconvert, nbclient, psutil and tqdm, for `mgpu-edu badges`, `student` and `grade`"),
             ("cpu,nbgrader", "plus nbgrader 0.9 (with JupyterLab 4 and Notebook 7) and the `instructor` extra, for "
                              "grading in the course folder `mgpu-edu nbgrader` makes; not for Colab")]
 

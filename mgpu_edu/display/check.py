@@ -771,24 +771,24 @@ def reduce_scatter_function(fn: Any, devices: Any) -> Feedback:
                              "check.reduce_scatter_function(reduce_scatter_by_all_reduce, layout)")
     if early is not None:
         return early
-    tf = quiet.import_tensorflow()
     names = [str(getattr(name, "name", name)) for name in devices]
     n = len(names)
     rng = np.random.default_rng(12)
     values = [rng.integers(-9, 10, size=(7, 2)).astype(np.float32) for _ in range(n)]
-    tensors = []
-    for value, name in zip(values, names, strict=True):
-        with tf.device(name):
-            tensors.append(tf.constant(value))
+    tensors = list(values)  # a grader replaying a recorded answer (mgpu_edu.course.answers) needs no TensorFlow
+    if not getattr(fn, "replays_recording", False):
+        tf = quiet.import_tensorflow()
+        tensors = []
+        for value, name in zip(values, names, strict=True):
+            with tf.device(name):
+                tensors.append(tf.constant(value))
     wanted = np.array_split(np.sum(values, axis=0), n)
     try:
         got = fn(list(tensors))
-    except tf.errors.InvalidArgumentError as error:
-        if "evenly divide" in str(error):
+    except Exception as error:  # a learner's code may raise anything
+        if type(error).__name__ == "InvalidArgumentError" and "evenly divide" in str(error):
             return _report("wrong", f"tf.split(total, {n}) needs {n} to divide the 7 rows, and it doesn't. Pass the "
                                     f"chunk sizes instead: tf.split(total, parallel.shard_sizes(7, {n})).")
-        return _report("wrong", f"reduce_scatter_by_all_reduce raised InvalidArgumentError: {error}.")
-    except Exception as error:  # a learner's code may raise anything
         return _report("wrong", f"reduce_scatter_by_all_reduce raised {type(error).__name__}: {error}.")
     if _unsolved(got):
         return _unsolved_function("reduce_scatter_by_all_reduce", got)

@@ -91,7 +91,7 @@ def network_isolation_available() -> bool:
         return False
 
 
-def _loopback_up() -> None:
+def loopback_up() -> None:
     """Bring up ``lo`` in a new network namespace (it starts down), without needing the ip tool."""
     import fcntl
     import struct
@@ -106,7 +106,7 @@ def _loopback_up() -> None:
 def _launch_isolated(spec_path: str) -> None:
     """Inside the new namespace: bring up loopback, start every worker, record pids and exit codes."""
     spec = json.loads(Path(spec_path).read_text())
-    _loopback_up()
+    loopback_up()
     processes = []
     for worker in spec["workers"]:
         with open(worker["log"], "w") as log:
