@@ -277,11 +277,11 @@ def test_badges_repoint_the_fork_and_twice_changes_nothing(tmp_path):
     fork = make_fork(tmp_path)
     done = mgpu_edu("badges", "--repo", "my-school/gpu-course", "--ref", "fall-2027", cwd=fork)
     assert done.returncode == 0, done.stderr
-    # every lesson, README, the manifest; every student version and its copy of the manifest
-    assert f"{2 * len(COURSE.lessons) + 3} file(s) changed" in done.stdout
+    # every lesson, README, the manifest; every student version (student/ holds notebooks only)
+    assert f"{2 * len(COURSE.lessons) + 2} file(s) changed" in done.stdout
     forked = course.load(fork / "lessons")
     assert (forked.repo, forked.ref) == ("my-school/gpu-course", "fall-2027")
-    assert (course.load(fork / "student").repo, course.load(fork / "student").ref) == (forked.repo, forked.ref)
+    assert sorted(p.suffix for p in (fork / "student").iterdir()) == [".ipynb"] * len(COURSE.lessons)
     handout = "".join(c.source for c in nbformat.read(fork / "student" / "04_mirrored_fit.ipynb", 4).cells)
     assert "github/my-school/gpu-course/blob/fall-2027/student/04_mirrored_fit.ipynb" in handout
     assert "git+https://github.com/my-school/gpu-course@fall-2027" in handout and "BEGIN SOLUTION" not in handout
@@ -331,7 +331,8 @@ def test_badges_for_another_folder_of_student_versions_open_that_folder(tmp_path
     assert (fork / "README.md").read_bytes() == readme  # the README's buttons are the course's student/
     assert course.load(fork / "handout").repo == "me/fork"  # the folder's own manifest
     assert course.load(fork / "lessons").repo == COURSE.repo  # the instructor lessons' untouched
-    assert course.load(fork / "student").repo == COURSE.repo  # and so is the course's student folder
+    student = "".join(c.source for c in nbformat.read(fork / "student" / "00_devices.ipynb", 4).cells)
+    assert f"github/{COURSE.repo}/blob/{COURSE.ref}/student/00_devices.ipynb" in student  # and the course's student/
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -356,6 +357,12 @@ def test_badges_needs_a_repo(tmp_path):
 
 
 # --- grade -----------------------------------------------------------------------------------------
+
+def test_a_folder_that_cant_be_made_is_one_line(tmp_path):
+    done = mgpu_edu("lessons", "/dev/null/x", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("mgpu-edu lessons: error: '/dev/null/x': can't make that folder (Not a directory)")
+
 
 def test_grade_tells_same_named_notebooks_apart_by_their_path(tmp_path):
     # GitHub Classroom: one clone per student, the same file name in each

@@ -66,7 +66,7 @@ def test_the_student_folder_holds_the_lessons_student_versions(tmp_path):
 def test_refreshing_the_student_folder_writes_only_what_changed(tmp_path):
     student = tmp_path / "student"
     written = assignments.refresh_student_folder(LESSONS, student)
-    assert sorted(p.name for p in written) == sorted([lesson.file for lesson in COURSE.lessons] + [course.MANIFEST])
+    assert sorted(p.name for p in written) == sorted(lesson.file for lesson in COURSE.lessons)  # notebooks only
     stamp = {p: p.stat().st_mtime_ns for p in student.glob("*.ipynb")}
     (student / "99_gone.ipynb").write_text("{}", encoding="utf-8")  # a lesson that left the manifest
     assert assignments.refresh_student_folder(LESSONS, student) == [student / "99_gone.ipynb"]
@@ -162,3 +162,16 @@ def test_adding_a_lesson_is_one_notebook_and_one_manifest_entry(tmp_path):
     # the guide's table lists it
     table = budgets.guide_table(extended, [{"lesson": new_file, "seconds": 1.0}], "today")
     assert f"| {number} | {title} | 20 min | 1.0 s |" in table
+
+
+@pytest.mark.light  # git
+def test_the_ref_the_badges_open_exists_in_the_repository():
+    """Colab installs, and the badges open, the manifest's ref: a branch or tag of this repository, or every
+    lesson's first cell fails once the course is published."""
+    import subprocess
+
+    ref = course.load(ROOT / "lessons").ref
+    found = [kind for kind in ("heads", "tags", "remotes/origin") if subprocess.run(
+        ["git", "rev-parse", "-q", "--verify", f"refs/{kind}/{ref}^{{commit}}"], cwd=ROOT, capture_output=True,
+        check=False).returncode == 0]
+    assert found, f"lessons/course.toml's ref {ref!r} is neither a branch nor a tag here: `mgpu-edu badges --ref`"

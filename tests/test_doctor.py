@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_gpu_the_driver_sees_but_tensorflow_does_not(monkeypatch, installed):
     monkeypatch.setattr("mgpu_edu.quiet.import_tensorflow", lambda: fake_tensorflow(0, cuda=False))
     local = doctor._tensorflow_findings(Environment("local", T4, "3.11.7"), import_tf=True)
     assert local[1].ok is None and "nvidia-smi lists 1" in local[1].value
-    assert 'pip install "mgpu-edu[gpu]"' in local[1].fix
+    assert doctor.pip_install("gpu") in local[1].fix
     colab = doctor._tensorflow_findings(Environment("colab", T4, "3.13.0"), import_tf=True)
     assert "Runtime → Change runtime type" in colab[1].fix
 
@@ -56,13 +57,22 @@ def test_tensorflow_with_a_gpu_unlocks_logical_gpus(monkeypatch, installed):
 
 
 @pytest.mark.parametrize(("versions", "value", "fix"), [
-    ({}, "not installed", 'pip install "mgpu-edu[cpu]"'),
+    ({}, "not installed", 'pip install "mgpu-edu[cpu] @ git+https://github.com/'),
     ({"tensorflow": "2.15.1"}, "2.15.1 (tensorflow)", "2.16 or newer"),
 ])
 def test_missing_or_old_tensorflow_blocks_with_a_fix(installed, versions, value, fix):
     installed(**versions)
     [finding] = doctor._tensorflow_findings(Environment("local", (), "3.11.7"), import_tf=True)
     assert (finding.ok, finding.value) == (False, value) and fix in finding.fix
+
+
+def test_every_install_doctor_advises_is_one_the_readme_gives():
+    """The package is not on PyPI: doctor's commands install from the course's repository at its ref, the
+    README's own commands (a name on PyPI would install whoever claimed it)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for extra in ("cpu", "gpu"):
+        command = doctor.pip_install(extra)
+        assert "@ git+https://github.com/" in command and f"`{command}`" in readme, command
 
 
 def test_tensorflow_that_fails_to_import(monkeypatch, installed):

@@ -135,9 +135,9 @@ def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) 
 
     ``student`` gets a student version of every lesson in ``lessons``' manifest, with its badges
     and Colab install cell pointing at ``folder`` in the course's repository at its ref (what a
-    learner's Colab or Binder button opens), and a copy of the manifest. Only files that differ
-    are written, and notebooks of lessons no longer in the manifest are removed, so running it
-    twice changes nothing. ``make lessons`` and ``mgpu-edu badges`` run it; nothing in
+    learner's Colab or Binder button opens), and nothing else: no manifest, which a learner's file
+    browser would show among the lessons. Only files that differ are written, and notebooks of
+    lessons no longer in the manifest are removed, so running it twice changes nothing. ``make lessons`` and ``mgpu-edu badges`` run it; nothing in
     ``student`` is edited by hand.
     """
     import nbformat
@@ -152,15 +152,14 @@ def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) 
         course.configure_notebook(nb, lesson.file, known.repo, known.ref, folder, gpu=lesson.tensorflow)
         text = nbformat.writes(nb)
         wanted[student / lesson.file] = text if text.endswith("\n") else text + "\n"
-    wanted[student / MANIFEST] = known.manifest.read_text(encoding="utf-8")
     student.mkdir(parents=True, exist_ok=True)
     changed = []
     for path, text in wanted.items():
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             changed.append(path)
-    for path in sorted(student.glob("*.ipynb")):
-        if path not in wanted:  # a lesson that left the manifest
+    for path in [*sorted(student.glob("*.ipynb")), student / MANIFEST]:
+        if path.exists() and path not in wanted:  # a lesson that left the manifest, or a manifest written earlier
             path.unlink()
             changed.append(path)
     return changed

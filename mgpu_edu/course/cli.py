@@ -68,7 +68,11 @@ def _lessons(args: argparse.Namespace) -> int:
         names = ", ".join(p.name for p in changed)
         raise CommandError(f"{len(changed)} lesson(s) in {args.dir!r} differ from the shipped ones ({names}); "
                            "they may hold your work. Pass --force to overwrite them, or choose another folder.")
-    target.mkdir(parents=True, exist_ok=True)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise CommandError(f"{args.dir!r}: can't make that folder ({error.strerror}). Give a folder you can "
+                           "write to, for example: mgpu-edu lessons my-lessons") from None
     copied = 0
     for path in notebooks:
         destination = target / path.name
@@ -117,7 +121,7 @@ def _badges(args: argparse.Namespace) -> int:
     if manifest.is_file() and course.set_defaults(manifest, args.repo, ref):
         changed.append(manifest)  # so the fork's tests and `make lessons` agree with its badges
     student = (root or Path.cwd()) / course.STUDENT
-    if folder == "lessons" and manifest.is_file() and (student / course.MANIFEST).is_file():
+    if folder == "lessons" and manifest.is_file() and any(student.glob("*.ipynb")):
         # the course's student versions are generated from lessons/: regenerate them, pointing at the fork too
         _require("badges", "nbformat", "nbconvert")
         from mgpu_edu.course.assignments import refresh_student_folder
@@ -545,6 +549,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except (CommandError, ValueError, FileNotFoundError, FileExistsError) as error:
         print(f"mgpu-edu {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:  # a folder that can't be made or written: one line, not a traceback
+        where = f" {error.filename!r}" if error.filename else ""
+        print(f"mgpu-edu {args.command}: error:{where} {error.strerror or error}; check the path, and that you "
+              "may write there", file=sys.stderr)
         return 2
 
 

@@ -62,11 +62,22 @@ def _release(version: str) -> tuple[int, int]:
     return (int(match.group(1)), int(match.group(2) or 0)) if match else (0, 0)
 
 
+def pip_install(extra: str) -> str:
+    """The command that installs mgpu_edu with extra from the course's repository at its ref, as the lessons'
+    Colab cell does (the package is not on PyPI, where the name would install someone else's)."""
+    try:
+        shipped = course.shipped()
+        repo, ref = shipped.repo, shipped.ref
+    except (course.ManifestError, FileNotFoundError):
+        repo, ref = "OWNER/NAME", "REF"
+    return f'pip install "{course.requirement(repo, ref, extra)}"'
+
+
 def _install_hint(environment: _env.Environment) -> str:
     if environment.platform == "colab":
         return "Colab ships TensorFlow: Runtime → Disconnect and delete runtime, then run the lesson again"
     extra = "gpu" if environment.has_gpu and sys.platform.startswith("linux") else "cpu"
-    return f'pip install "mgpu-edu[{extra}]" (or, in a clone of the course, make lab)'
+    return f"{pip_install(extra)} (or, in a clone of the course, make lab)"
 
 
 def _python_finding() -> Finding:
@@ -100,7 +111,7 @@ def _tensorflow_findings(environment: _env.Environment, import_tf: bool) -> list
     if environment.has_gpu and not gpus:
         fix = ("Runtime → Change runtime type → T4 GPU, then Runtime → Restart session"
                if environment.platform == "colab" else
-               'install the CUDA build: pip install "mgpu-edu[gpu]" (Linux), then restart the kernel')
+               f"install the CUDA build: {pip_install('gpu')} (Linux), then restart the kernel")
         findings.append(Finding("TensorFlow GPUs", seen + "; nvidia-smi lists "
                                 f"{len(environment.gpus)}", None, fix))
     else:
