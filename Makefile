@@ -17,7 +17,7 @@ VENV    ?= $(if $(filter cpu,$(FLAVOUR)),.venv,.venv-$(FLAVOUR))
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup lab check test test-main test-apart test-browser test-examples test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
+.PHONY: setup lab lab-setup check test test-main test-apart test-browser test-examples test-side test-busy test-colab test-binder test-oldest setup-colab setup-binder setup-oldest run-colab run-binder run-oldest test-others budgets budgets-commit lint lessons chromium site
 
 setup: $(STAMP)
 
@@ -40,10 +40,20 @@ $(STAMP): pyproject.toml | $(UV)
 	$(BIN)/python .ci/lab-without-nbgrader.py
 	touch $@
 
+# A learner's environment: the lessons' packages and JupyterLab, nothing for the tests or the website (make
+# setup adds those; where it has run, make lab uses its environment as it is). uv shows its progress.
+LAB_STAMP := $(VENV)/.installed-lab-$(FLAVOUR)
+$(LAB_STAMP): pyproject.toml | $(UV)
+	@$(BIN)/python .ci/python-ok
+	@echo "Installing the lessons' packages into $(VENV): TensorFlow is the largest, a few minutes the first time."
+	$(BIN)/uv pip install --python $(BIN)/python -e ".[$(FLAVOUR),lab]"
+	touch $@
+lab-setup: $(if $(wildcard $(STAMP)),$(STAMP),$(LAB_STAMP))
+
 # JupyterLab 4 in the repository root: exercises in student/, the solved lessons in lessons/ (--allow-root
 # only when run as root, e.g. in a container).
 ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
-lab: setup
+lab: lab-setup
 	$(BIN)/jupyter lab $(ROOT_FLAG)
 
 # Every test, in every environment the course promises (what CI runs). Each lesson runs once in each
