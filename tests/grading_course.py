@@ -8,6 +8,7 @@ lesson 02 places tensors on two logical CPUs, and its check takes the devices th
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import nbformat
@@ -187,6 +188,17 @@ def class_of(course: Path, folder: Path, port: int, marker: str) -> dict[str, tu
     moved.cells.remove(cell)
     moved.cells.insert(1, cell)  # before its answer: it would check nothing
     honest["check-moved"] = (moved, 2)
+    split = solved(course)  # the first answer over two cells, the check after the second
+    answer_cell = next(c for c in split.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ex1_answer")
+    answer_cell.source = "n, size = 6, 6_000_000"
+    split.cells.insert(split.cells.index(answer_cell) + 1, new_code_cell("answer = 2 * (n - 1) / n * size"))
+    honest["answer-split"] = (split, 2)
+    pasted = solved(course)  # an old attempt above the final answer, pasted with the same nbgrader id
+    answer_cell = next(c for c in pasted.cells if c.metadata.get("nbgrader", {}).get("grade_id") == "ex1_answer")
+    old_try = copy.deepcopy(answer_cell)
+    old_try.source = "answer = 6_000_000"
+    pasted.cells.insert(pasted.cells.index(answer_cell), old_try)
+    honest["answer-pasted-twice"] = (pasted, 2)
     forgeries = {
         "printed": _answer(handed, 1, PRINTED),
         "patched-checks": _answer(handed, 1, PATCH_CHECKS),
@@ -227,6 +239,21 @@ def class_of(course: Path, folder: Path, port: int, marker: str) -> dict[str, tu
     expected["=2+3"] = (0, "graded")
     nbformat.write(deaf, folder / "deaf-loop.ipynb")
     expected["deaf-loop"] = (1, "graded")  # its first exercise was right before the loop: it keeps that point
+    bom = folder / "byte-order-mark.ipynb"  # saved by an editor that marks UTF-8
+    bom.write_text("\ufeff" + nbformat.writes(solved(course)), encoding="utf-8")
+    expected["byte-order-mark"] = (2, "graded")
+    odd = json.loads(nbformat.writes(solved(course)))
+    odd["cells"][2]["metadata"] = {"nbgrader": "x", "mgpu_edu_check": 7}  # metadata of the wrong shape
+    odd["cells"][3]["metadata"]["mgpu_edu_timeout"] = -1  # and the grader's own keys, which it drops
+    (folder / "odd-cells.ipynb").write_text(json.dumps(odd))
+    expected["odd-cells"] = (2, "graded")
+    wrong_ids = json.loads(nbformat.writes(solved(course)))
+    wrong_ids["cells"].append({"cell_type": "nonsense", "source": 5})
+    for cell in wrong_ids["cells"]:
+        cell.get("metadata", {}).get("nbgrader", {})["grade_id"] = ["x"]
+        cell.pop("metadata", None) if cell["cell_type"] == "markdown" else None
+    (folder / "no-ids.ipynb").write_text(json.dumps(wrong_ids))
+    expected["no-ids"] = (None, "failed")  # not a valid notebook: one row, with the reason
     (folder / "empty.ipynb").write_text("")
     expected["empty"] = (None, "failed")
     (folder / "essay.ipynb").write_text("Dear professor, my notebook is attached.")

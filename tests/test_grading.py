@@ -62,6 +62,11 @@ def test_answers_cross_as_data_and_keep_what_a_check_reads():
     other = answers.decode(answers.encode(object()))
     assert isinstance(other, answers.Unknown) and other != 0
     assert answers.decode(answers.encode(x for x in range(3))) == [0, 1, 2]
+    # a dtype is believed only for values it can hold: a "bfloat16" 10,300,000 is judged as the float64 it is
+    claimed = answers.decode({"tensor": {"value": 10_300_000, "device": "/device:CPU:0", "dtype": "bfloat16"}})
+    assert claimed.dtype.name == "float64" and check.ring_bytes(claimed, n=6, nbytes=6_000_000).status == "wrong"
+    real = answers.decode({"tensor": {"value": 10_027_008, "device": "/device:CPU:0", "dtype": "bfloat16"}})
+    assert real.dtype.name == "bfloat16"  # 153 · 2**16: a bfloat16 value, judged to bfloat16's precision
 
 
 def test_reading_an_answer_runs_no_code_and_refuses_what_is_too_big():
@@ -152,6 +157,32 @@ def test_the_verdict_takes_the_courses_arguments_not_the_kernels():
     for report in (None, {"raised": ["NameError", "name 'answer' is not defined"]}, {"unreadable": "too big"},
                    {"function": "not a list"}, {"answer": {"pickle": "x"}}):
         assert grading.judge(ring, report, ring.literals, "x").points == 0.0
+
+
+def test_a_kernels_command_line_names_no_folder(tmp_path):
+    """Any process can read another's command line: the kernel's names its folder (where its sockets are)
+    only relative to its working directory, so no other notebook learns where to connect."""
+    lesson = grading.read_lesson(LESSONS / "03_allreduce.ipynb")
+    client = grading._make_client(nbformat.v4.new_notebook(), tmp_path, grading.Limits())
+    client.km.kernel_spec  # noqa: B018 (loads the spec the command is made from)
+    command = client.km.format_kernel_cmd()
+    assert not any(str(tmp_path) in part for part in command), command
+    assert command[command.index("--") - 3:command.index("--")] == [".", "--memory-mb", "3000"]
+    assert "kernel.json" in command and lesson.exercises
+
+
+@pytest.mark.light  # a Python that imports nothing but the standard library, under the sandbox
+@pytest.mark.skipif(not sandbox.landlock_abi(), reason="Landlock is what restricts files; this kernel has none")
+def test_a_sandboxed_process_reaches_no_terminal_and_no_shared_memory(tmp_path):
+    probe = ("import os\nfor attempt in (lambda: os.listdir('/dev/pts'), lambda: open('/dev/tty'),\n"
+             "                lambda: open('/dev/shm/mgpu-edu-probe', 'w'), lambda: open('/dev/ptmx', 'rb'),\n"
+             "                lambda: os.listdir(os.path.expanduser('~')), lambda: os.listdir('/tmp')):\n"
+             "    try:\n        attempt()\n        print('reached')\n    except OSError:\n        print('refused')\n"
+             "open('mine.txt', 'w').write('ok')\nprint(open('/dev/null', 'w').write('x'))")
+    done = subprocess.run([sys.executable, "-m", "mgpu_edu.course.sandbox", ".", "--", sys.executable, "-c", probe],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split() == ["refused"] * 6 + ["1"], done.stdout + done.stderr
+    assert (tmp_path / "mine.txt").read_text() == "ok" and not Path("/dev/shm/mgpu-edu-probe").exists()
 
 
 @pytest.mark.light
@@ -252,7 +283,8 @@ def test_every_file_that_cant_be_graded_says_why(batch):
     assert "is an empty file: ask for the .ipynb again" in totals["empty"]["feedback"]
     assert "is not a notebook file" in totals["essay"]["feedback"]
     assert "this is lesson 02_placed; the assignment is 01_mini" in totals["other-lesson"]["feedback"]
-    assert "3 of 24 notebook(s) could not be graded" in batch["done"].stderr
+    unreadable = sum(status != "graded" for _, status in batch["expected"].values())
+    assert f"{unreadable} of {len(batch['expected'])} notebook(s) could not be graded" in batch["done"].stderr
 
 
 @pytest.mark.processes
@@ -353,9 +385,34 @@ def test_an_interrupted_batch_keeps_what_it_graded_and_stops_every_kernel(tmp_pa
     workspace.rmdir()
 
 
+@pytest.mark.processes
+@pytest.mark.slow
+def test_a_notebook_over_its_time_in_all_is_timed_out(tmp_path):
+    course_dir = mini.write_course(tmp_path / "course")
+    slow = mini.solved(course_dir)
+    for _ in range(4):
+        slow.cells.insert(2, nbformat.v4.new_code_cell("import time\ntime.sleep(3)"))
+    nbformat.write(slow, tmp_path / "slow.ipynb")
+    done = subprocess.run([entry_point(), "grade", "slow.ipynb", "--course", "course", "--timeout", "5",
+                           "--notebook-timeout", "8", "--csv", "g.csv"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, check=False)
+    rows = list(csv.DictReader((tmp_path / "g.csv").read_text().splitlines()))
+    assert [r["status"] for r in rows] == ["timed out", "timed out", "graded"], done.stdout + done.stderr
+    assert "the notebook ran over 8 s and was stopped" in rows[-1]["feedback"]
+
+
 def _in(workspace: Path) -> list:
-    """The processes started for a batch whose workspace is in workspace (the sandboxes' command lines name it)."""
-    return _marked(str(workspace))
+    """The processes running in a folder under workspace: a batch's kernels and their launchers."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if str(workspace) in process.cwd():
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
 
 
 @pytest.mark.light

@@ -156,7 +156,7 @@ class RecordedTensor:
 
         self._value = np.asarray(value) if not isinstance(value, np.ndarray) else value
         self.device = device
-        self.dtype = _Dtype(dtype)
+        self.dtype = _Dtype(dtype if _holds(self._value, dtype) else "float64")
         self.shape = tuple(self._value.shape)
 
     def numpy(self) -> Any:
@@ -172,6 +172,24 @@ class _Dtype:
 
     def __str__(self) -> str:
         return self.name
+
+
+def _holds(values: Any, dtype: str) -> bool:
+    """Can a tensor of dtype hold these values exactly? A check judges a low-precision answer to its dtype's
+    precision, so a claimed dtype counts only when the values are ones that dtype can hold."""
+    import numpy as np
+
+    try:
+        array = np.asarray(values, dtype=np.float64)
+        if dtype in ("float16", "half"):
+            return bool(np.all(array.astype(np.float16).astype(np.float64) == array))
+        if dtype in ("float32", "bfloat16"):
+            single = array.astype(np.float32)
+            exact = bool(np.all(single.astype(np.float64) == array))
+            return exact and (dtype == "float32" or not np.any(single.view(np.uint32) & 0xFFFF))
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
 
 
 def _numpy_dtype(name: str) -> Any:

@@ -137,8 +137,8 @@ def refresh_student_folder(lessons: Path, student: Path, folder: str = STUDENT) 
     and Colab install cell pointing at ``folder`` in the course's repository at its ref (what a
     learner's Colab or Binder button opens), and nothing else: no manifest, which a learner's file
     browser would show among the lessons. Only files that differ are written, and notebooks of
-    lessons no longer in the manifest are removed, so running it twice changes nothing. ``make lessons`` and ``mgpu-edu badges`` run it; nothing in
-    ``student`` is edited by hand.
+    lessons no longer in the manifest are removed, so running it twice changes nothing. ``make lessons``
+    and ``mgpu-edu badges`` run it; nothing in ``student`` is edited by hand.
     """
     import nbformat
 

@@ -239,7 +239,8 @@ _COLUMNS = ["student", "notebook", "lesson", "exercise", "check", "status", "poi
 def _text(value: object) -> object:
     """A CSV field a spreadsheet won't run: text from a notebook (a file name, an error message) may start with
     "=", which Excel and LibreOffice read as a formula; a leading apostrophe keeps it text (OWASP's advice)."""
-    return f"'{value}" if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") else value
+    formula = isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r") and value != "-"
+    return f"'{value}" if formula else value
 
 
 def _rows(g: Graded) -> list[list[object]]:
@@ -343,6 +344,13 @@ def _grade(args: argparse.Namespace) -> int:
             from mgpu_edu.course import sandbox
 
             print(f"each notebook runs apart. {sandbox.describe()}", file=sys.stderr, flush=True)
+            clone = Path(sandbox.package_folder())
+            inside = [p for p in [*paths, *[Path(x) for x in (args.csv, args.feedback) if x]]
+                      if (clone / "pyproject.toml").is_file() and clone in Path(os.path.abspath(p)).parents]
+            if inside:
+                print(f"note: {inside[0]} is inside {clone}, the clone mgpu_edu is installed from, which every "
+                      "graded notebook can read: keep handed-in notebooks and grade files outside it",
+                      file=sys.stderr)
             limits = grading.Limits(args.timeout, args.notebook_timeout, args.memory_mb)
             grading.grade_batch(paths, lessons, limits, jobs=args.jobs, expected=expected, on_graded=graded)
     except KeyboardInterrupt:

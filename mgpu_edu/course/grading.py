@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import io
 import json
@@ -203,14 +204,30 @@ def course_lessons(folder: Path | None = None) -> dict[str, CourseLesson]:
     return found
 
 
+def _nbgrader(cell: Any) -> dict[str, Any]:
+    """A cell's nbgrader metadata, or {} where a handed-in file holds something else there."""
+    metadata = cell.get("metadata") if isinstance(cell, dict) else None
+    found = metadata.get("nbgrader") if isinstance(metadata, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def _grade_id(cell: Any) -> str | None:
+    grade_id = _nbgrader(cell).get("grade_id")
+    return grade_id if isinstance(grade_id, str) else None
+
+
+def _source(cell: Any) -> str:
+    source = cell.get("source", "") if isinstance(cell, dict) else ""
+    return source if isinstance(source, str) else ""
+
+
 def _signature(nb: Any) -> list[tuple[str, str]]:
     """The (grade_id, check name) of a notebook's grade cells, in order."""
     found = []
     for cell in nb.cells:
-        metadata = cell.get("metadata", {}).get("nbgrader", {})
-        match = _CHECK_CALL.search(cell.get("source", "")) if cell.get("cell_type") == "code" else None
-        if metadata.get("grade") and match:
-            found.append((str(metadata.get("grade_id")), match.group(1)))
+        match = _CHECK_CALL.search(_source(cell)) if cell.get("cell_type") == "code" else None
+        if _nbgrader(cell).get("grade") and match:
+            found.append((str(_grade_id(cell)), match.group(1)))
     return found
 
 
@@ -227,7 +244,7 @@ def identify(nb: Any, path: Path, lessons: dict[str, CourseLesson]) -> CourseLes
     named = [lesson for lesson in lessons.values() if lesson.stem in path.name]
     if len(named) == 1:
         return named[0]
-    text = "\n".join(cell.get("source", "") for cell in nb.cells[:3] if cell.get("cell_type") == "markdown")
+    text = "\n".join(_source(cell) for cell in nb.cells[:3] if cell.get("cell_type") == "markdown")
     badged = [lesson for lesson in lessons.values() if f"/{lesson.file}" in text]
     return badged[0] if len(badged) == 1 else None
 
@@ -240,50 +257,86 @@ def _normal(source: str) -> str:
 
 
 def restore(nb: Any, lesson: CourseLesson) -> tuple[Any, dict[int, int], list[str]]:
-    """The notebook to run: the submission with every check cell the course's, right after its answer cell.
+    """The notebook to run: the submission with every check cell the course's, where it belongs.
 
-    Returns the notebook (outputs cleared), a map from the index of each check cell in it to its
-    exercise's number, and notes on what was restored.
+    A check cell goes back where the student's copy of it is, if that is after the exercise's answer
+    cell and before the next exercise (a student may split an answer over cells); else right after the
+    answer cell (the last copy of it, where a cell was pasted twice). A check cell found by neither its
+    nbgrader id nor its ``check.<name>(`` call, with no answer cell either, runs at the end. Returns the
+    notebook (outputs cleared, the grader's own metadata removed from handed-in cells), a map from the
+    index of each check cell in it to its exercise's number, and notes on what was restored.
     """
     import nbformat
 
-    def grade_id(cell: Any) -> Any:
-        return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    handed = []
+    for cell in nb.cells:
+        if not isinstance(cell, dict) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            continue  # not a cell Jupyter knows: nothing a notebook can run
+        cell = nbformat.from_dict(copy.deepcopy(dict(cell)))
+        metadata = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+        cell["metadata"] = nbformat.from_dict({k: v for k, v in metadata.items() if not str(k).startswith("mgpu_edu")})
+        if not isinstance(cell.get("source"), str):
+            cell["source"] = ""
+        handed.append(cell)
+    exercise_ids = {e.number: {f"ex{e.number}_prompt", e.answer_id, e.grade_id} - {None} for e in lesson.exercises}
+    used: set[int] = set()
 
-    handed = list(nb.cells)
-    ids = {e.grade_id for e in lesson.exercises}
-    old = {}  # grade_id -> (the handed-in check cell, the cell before it)
-    for index, cell in enumerate(handed):
-        if grade_id(cell) in ids and grade_id(cell) not in old:
-            old[grade_id(cell)] = (cell, handed[index - 1] if index else None)
-    cells = [cell for cell in handed if not any(cell is pair[0] for pair in old.values())]
-    notes = []
+    def theirs(exercise: Exercise) -> int | None:
+        """The index of the student's copy of the exercise's check cell: by its id, else by its check call."""
+        by_id = [i for i, c in enumerate(handed) if _grade_id(c) == exercise.grade_id and i not in used]
+        if by_id:
+            return by_id[0]
+        calls = [i for i, c in enumerate(handed) if c.get("cell_type") == "code" and i not in used
+                 and not _nbgrader(c).get("solution") and f"check.{exercise.check}(" in _source(c)]
+        return calls[0] if calls else None
+
+    plan: list[tuple[Exercise, int | None, int | None]] = []  # (exercise, their check cell, the answer cell)
     for exercise in lesson.exercises:
+        mine = theirs(exercise)
+        if mine is not None:
+            used.add(mine)
+        answers_at = [i for i, c in enumerate(handed) if exercise.answer_id and _grade_id(c) == exercise.answer_id]
+        before = [i for i in answers_at if mine is None or i < mine]
+        plan.append((exercise, mine, (before or answers_at or [None])[-1]))
+    notes = []
+    after: dict[int, list[Any]] = {}  # handed-in index -> the course's check cells to put after that cell
+    at_end: list[Any] = []
+    for exercise, mine, answer in plan:
         label = f"exercise {exercise.number}'s check cell"
         restored = nbformat.v4.new_code_cell(exercise.source, metadata={"mgpu_edu_check": exercise.number, "nbgrader": {
             "grade": True, "grade_id": exercise.grade_id, "locked": True, "points": exercise.points,
             "schema_version": 3, "solution": False, "task": False}})
-        answer = next((c for c in cells if exercise.answer_id and grade_id(c) == exercise.answer_id), None)
-        cell, before = old.get(exercise.grade_id, (None, None))
-        if cell is None:
+        if mine is None:
             notes.append(f"{label} was missing: the course's was put back")
-        elif cell.get("cell_type") != "code" or _normal(cell.get("source", "")) != exercise.source:
+        elif handed[mine].get("cell_type") != "code" or _normal(_source(handed[mine])) != exercise.source:
             notes.append(f"{label} was edited: the course's was restored")
         if answer is not None:
-            if cell is not None and before is not answer:
-                notes.append(f"{label} was moved: the course's is back after the answer cell")
-            cells.insert(next(i for i, c in enumerate(cells) if c is answer) + 1, restored)
+            following = [i for i, c in enumerate(handed) if i > answer and _grade_id(c) in set().union(
+                *(ids for number, ids in exercise_ids.items() if number > exercise.number))]
+            limit = following[0] if following else len(handed)
+            if mine is not None and answer < mine < limit:
+                after.setdefault(mine, []).append(restored)  # in place: the cells between are the answer's too
+            else:
+                if mine is not None:
+                    notes.append(f"{label} was moved: the course's is back after the answer cell")
+                after.setdefault(answer, []).append(restored)
+        elif mine is not None:
+            notes.append(f"exercise {exercise.number}'s answer cell ({exercise.answer_id}) was not found: its "
+                         "check runs where it was")
+            after.setdefault(mine, []).append(restored)
         else:
             notes.append(f"exercise {exercise.number}'s answer cell ({exercise.answer_id}) was not found: its "
-                         f"check runs {'where it was' if cell is not None else 'at the end'}")
-            place = next((i + 1 for i, c in enumerate(cells) if before is not None and c is before), None)
-            cells.insert(len(cells) if place is None else place, restored)
-    run = nbformat.v4.new_notebook(metadata=nb.get("metadata", {}))
-    for cell in cells:
-        cell = nbformat.from_dict(dict(cell))
-        if cell.get("cell_type") == "code":
-            cell.outputs, cell.execution_count = [], None
-        run.cells.append(cell)
+                         "check runs at the end")
+            at_end.append(restored)
+    replaced = {mine for _, mine, _ in plan if mine is not None}
+    run = nbformat.v4.new_notebook(metadata=nb.get("metadata", {}) if isinstance(nb.get("metadata"), dict) else {})
+    for index, cell in enumerate(handed):
+        if index not in replaced:
+            if cell.get("cell_type") == "code":
+                cell.outputs, cell.execution_count = [], None
+            run.cells.append(cell)
+        run.cells.extend(after.get(index, []))
+    run.cells.extend(at_end)
     positions = {i: cell.metadata["mgpu_edu_check"] for i, cell in enumerate(run.cells)
                  if "mgpu_edu_check" in cell.get("metadata", {})}
     return run, positions, notes
@@ -316,22 +369,31 @@ def _error_text(output: dict[str, Any]) -> str:
 def judge(exercise: Exercise, report: dict[str, Any] | None, arguments: dict[str, Any], name: str,
           before: str | None = None) -> ExerciseResult:
     """The grader's verdict on one exercise, from the kernel's report (see :func:`answers.capture`)."""
-    from mgpu_edu.display import check as checks
 
     def result(status: str, message: str) -> ExerciseResult:
         points = exercise.points if status == "correct" else 0.0
         return ExerciseResult(name, exercise.number, exercise.check, status, message, points, exercise.points)
 
-    if report is None:
+    try:
+        return _judge(exercise, report, arguments, before, result)
+    except Exception as error:  # a report is data of the kernel's choosing: a malformed one grades nothing
+        return result("error", f"the kernel's report could not be read ({type(error).__name__})")
+
+
+def _judge(exercise: Exercise, report: Any, arguments: dict[str, Any], before: str | None,
+           result: Callable[[str, str], ExerciseResult]) -> ExerciseResult:
+    from mgpu_edu.display import check as checks
+
+    if not isinstance(report, dict):
         return result("error", "the answer could not be read from the kernel")
     if "raised" in report:
-        error, message = (list(report["raised"]) + ["", ""])[:2]
+        error, message = (str(part)[:1000] for part in (list(report["raised"]) + ["", ""])[:2])
         text = f"{error}: {message}"
         if error == "NameError" and before:
             text = f"your cell above raised {before}; so there was no answer to check ({text})"
         return result("error", text)
     if "unreadable" in report:
-        return result("error", f"the answer could not be graded: {report['unreadable']}")
+        return result("error", f"the answer could not be graded: {str(report['unreadable'])[:300]}")
     try:
         answer = answers.Replay(report["function"]) if "function" in report else answers.decode(report.get("answer"))
         with contextlib.redirect_stdout(io.StringIO()):
@@ -353,6 +415,7 @@ class Limits:
     cell_seconds: float = 300
     notebook_seconds: float = 1200
     memory_mb: int = 3000
+    disk_mb: int = 2000
     network: bool = False
 
 
@@ -383,10 +446,14 @@ def _make_client(nb: Any, root: Path, limits: Limits) -> Any:
 
     class SandboxedKernelManager(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-            command = super().format_kernel_cmd(extra_arguments)
+            # Paths relative to the kernel's folder (its working directory): command lines are public (any
+            # process reads /proc/PID/cmdline), and the folder's random name keeps its sockets out of reach.
+            connection = os.path.realpath(self.connection_file)
+            command = ["kernel.json" if part == connection else part for part in super().format_kernel_cmd(
+                extra_arguments)]
             network = ["--network"] if limits.network else []
-            return [sys.executable, "-m", "mgpu_edu.course.sandbox", str(root), "--memory-mb",
-                    str(limits.memory_mb), *network, "--", *command]
+            return [sys.executable, "-m", "mgpu_edu.course.sandbox", ".", "--memory-mb", str(limits.memory_mb),
+                    *network, "--", *command]
 
     class BoundedClient(NotebookClient):
         """Keeps only errors (shortened) and captured answers: a notebook that prints gigabytes costs nothing."""
@@ -414,8 +481,13 @@ def _make_client(nb: Any, root: Path, limits: Limits) -> Any:
             self.timed_out.append(cell.metadata.get("mgpu_edu_index", -1) if cell is not None else -1)
             return await super()._async_handle_timeout(timeout, cell)
 
+    import zmq
+
     manager = SandboxedKernelManager(kernel_name="python3",
                                      transport="tcp" if sys.platform == "win32" else "ipc")
+    # What a kernel can make the grader hold: no message over 16 MB, at most 256 queued per channel.
+    manager.context.setsockopt(zmq.MAXMSGSIZE, 16 * 2**20)
+    manager.context.setsockopt(zmq.RCVHWM, 256)
     manager.connection_file = str(root / "kernel.json")
     if manager.transport == "ipc":  # sockets in root (the only folder the kernel may write to): a short name
         manager.ip = str(root / "k")
@@ -427,6 +499,16 @@ def _make_client(nb: Any, root: Path, limits: Limits) -> Any:
                            iopub_timeout=10, record_timing=False)
     client.reports, client.timed_out = {}, []
     return client
+
+
+def _folder_bytes(root: Path) -> int:
+    """What the files under root hold (a notebook's sandbox folder), in bytes."""
+    total = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+    return total
 
 
 def _tree(pid: int | None) -> list[Any]:
@@ -474,11 +556,18 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
     client = _make_client(nb, root, limits)
     run = Run({}, {})
     done = asyncio.Event()
+    deadline = time.monotonic() + limits.notebook_seconds
 
     async def watch() -> None:
-        """Kill the notebook's processes when they hold too much memory or are too many."""
+        """Kill the notebook's processes when they hold too much memory or disk, or are too many."""
+        ticks = 0
         while not done.is_set():
             await asyncio.sleep(0.2)
+            ticks += 1
+            if ticks % 5 == 0 and _folder_bytes(root) > limits.disk_mb * 2**20:
+                run.ending, run.why = "killed", f"it wrote over {limits.disk_mb:,} MB of files and was stopped"
+                _kill_tree(getattr(getattr(client.km, "provisioner", None), "pid", None))
+                return
             provisioner = getattr(client.km, "provisioner", None)
             processes = _tree(getattr(provisioner, "pid", None))
             total = 0
@@ -501,7 +590,7 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
         numbers = {e.number: e for e in lesson.exercises}
         last_error: str | None = None
         for index, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
+            if cell.get("cell_type") != "code":
                 continue
             cell.metadata["mgpu_edu_index"] = index
             await client.async_execute_cell(cell, index)
@@ -529,7 +618,7 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
             await client.async_execute_cell(capture, index, store_history=False)
             sent = []
             for text in [t for texts in client.reports.values() for t in texts]:
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(Exception):  # not JSON, or nested past what json reads (RecursionError)
                     sent.append(json.loads(text))
             mine = [data for data in sent if isinstance(data, dict) and data.get("token") == token]
             report = mine[0] if len(mine) == 1 else None  # none, or two: nothing to trust
@@ -545,6 +634,8 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
         run.ending = run.ending or "timed out"
         run.why = run.why or f"the notebook ran over {limits.notebook_seconds:g} s and was stopped"
     except Exception as error:  # the kernel died (killed by the watchdog, or by the notebook itself)
+        if run.ending is None and time.monotonic() >= deadline - 1:  # nbclient reports the cut as a dead kernel
+            run.ending, run.why = "timed out", f"the notebook ran over {limits.notebook_seconds:g} s and was stopped"
         if run.ending is None:
             run.ending, run.why = "killed", f"its kernel died ({type(error).__name__}); a notebook must not end " \
                                             "its own kernel"
@@ -576,8 +667,8 @@ def _read_submission(path: Path) -> Any:
         raise GradingError(f"{str(path)!r} is {size / 2**20:,.0f} MB, over the {MAX_NOTEBOOK_BYTES // 2**20} MB a "
                            "lesson notebook can be: ask for it again with its outputs cleared")
     try:
-        return nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
-    except (ValueError, KeyError, AttributeError, TypeError) as error:  # NotJSONError is a ValueError
+        return nbformat.reads(path.read_text(encoding="utf-8-sig", errors="replace"), as_version=4)
+    except Exception as error:  # not JSON, or JSON that isn't a notebook (nbformat's ValidationError among them)
         raise GradingError(f"{str(path)!r} is not a notebook file ({' '.join(str(error).split())[:120]}): ask for "
                            "the .ipynb again (in Jupyter or Colab: File → Download → .ipynb)") from None
 
@@ -706,7 +797,13 @@ def grade_batch(paths: Sequence[Path], lessons: dict[str, CourseLesson], limits:
     """
     paths = [Path(p) for p in paths]
     names = names_for(paths)
-    prepared = [prepare(p, n, lessons, expected) for p, n in zip(paths, names, strict=True)]
+    prepared: list[_Job | Graded] = []
+    for path, name in zip(paths, names, strict=True):  # every file read before any runs
+        try:
+            prepared.append(prepare(path, name, lessons, expected))
+        except Exception as error:  # a file can hold anything: it fails alone
+            prepared.append(_failed(path, name, "-", "failed", f"could not be read as a lesson: "
+                                    f"{type(error).__name__}: {str(error)[:300]}"))
     graded: dict[int, Graded] = {}
 
     def finish(index: int, result: Graded) -> None:
@@ -736,7 +833,10 @@ def grade_batch(paths: Sequence[Path], lessons: dict[str, CourseLesson], limits:
                 except Exception as error:  # a bug or an OS failure: this notebook fails, the batch goes on
                     result = _failed(job.path, job.name, job.lesson.stem, "failed",
                                      f"could not be graded: {type(error).__name__}: {str(error)[:300]}", job.notes)
-            finish(index, result)
+            try:
+                finish(index, result)
+            except Exception as error:  # writing its row failed (a full disk): say so, grade the others
+                print(f"could not record {job.name}: {type(error).__name__}: {error}", file=sys.stderr)
 
         await asyncio.gather(*(one(i, item) for i, item in enumerate(prepared) if isinstance(item, _Job)))
 

@@ -9,9 +9,10 @@ subreaper*, so even a process that detaches itself stays below it), and when the
 whatever is left. Before it starts the kernel it takes away, on Linux, what it can:
 
 - **files**: with Landlock (Linux 5.13 and later), the kernel and its children may write and delete only
-  under ``ROOT`` (a throwaway folder of the submission's own) and a few devices (``/dev/null``,
-  ``/dev/shm``, the GPUs), and read only the system's folders, Python's own and ``ROOT``: not the
-  instructor's home, ``/tmp`` (where the other submissions' folders are), or the grade files;
+  under ``ROOT`` (a throwaway folder of the submission's own) and a few devices (``/dev/null``, the
+  GPUs), and read only the system's folders, Python's own, this package's and ``ROOT``: not the
+  instructor's home, ``/tmp`` (where the other submissions' folders are), the grade files, the
+  terminals (``/dev/pts``) or the shared memory other processes use (``/dev/shm``);
 - **other processes**: under Landlock they can't trace the grader or, from Linux 6.12, signal it;
 - **the network**: in a network namespace of their own (unprivileged user namespaces), only loopback;
 - **size**: no core dumps, no file over 1 GiB, and where no GPU is present a data limit of twice the
@@ -43,9 +44,9 @@ _FILE_RIGHTS = (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14) | (1 << 15)  # execute
 _READ = (1 << 0) | (1 << 2) | (1 << 3)  # execute, read file, read directory
 #: Top-level folders a kernel may read: the system's (the home folders, /tmp, /mnt, /media and /srv are not).
 SYSTEM_FOLDERS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt", "/proc",
-                  "/sys", "/dev", "/nix", "/gnu", "/snap", "/var/lib", "/var/cache", "/run")
-#: Devices a kernel may write to, besides its own folder.
-WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/shm", "/dev/tty")
+                  "/sys", "/nix", "/gnu", "/snap", "/var/lib", "/var/cache", "/run")
+#: The devices a kernel may open (the GPUs' too, ``/dev/nvidia*`` and ``/dev/dri``): no terminal, no /dev/shm.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 
 
 def _libc() -> ctypes.CDLL:
@@ -66,14 +67,20 @@ def landlock_abi() -> int:
 
 def readable_folders(root: Path) -> list[str]:
     """What a sandboxed kernel may read: the system's folders, Python's and this package's, and root."""
-    import mgpu_edu
 
     paths = {*SYSTEM_FOLDERS, sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(sys.executable).resolve().parent),
-             *sysconfig.get_paths().values(), str(Path(mgpu_edu.__file__).resolve().parents[1]), str(root)}
+             *sysconfig.get_paths().values(), package_folder(), str(root)}
     here = os.getcwd()
     paths |= {p for p in sys.path if p and os.path.isabs(p) and p != here}
     paths |= {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isabs(p)}
     return sorted(p for p in paths if os.path.exists(p))
+
+
+def package_folder() -> str:
+    """The folder a kernel reads mgpu_edu from: site-packages, or, for an editable install, the whole clone."""
+    import mgpu_edu
+
+    return str(Path(mgpu_edu.__file__).resolve().parents[1])
 
 
 def _landlock(root: Path) -> bool:
@@ -98,7 +105,7 @@ def _landlock(root: Path) -> bool:
     if ruleset < 0:
         return False
     rules = [(p, _READ) for p in readable_folders(root)]
-    rules += [(p, handled) for p in WRITABLE_DEVICES] + [(str(root), handled)]
+    rules += [(p, handled) for p in DEVICES] + [(str(root), handled)]
     rules += [(str(p), handled) for p in Path("/dev").glob("nvidia*")] + [(p, handled) for p in ("/dev/dri",)]
     try:
         for path, rights in rules:
