@@ -4,12 +4,9 @@
 #   make lab FLAVOUR=gpu   on a Linux machine with an NVIDIA GPU (TensorFlow with CUDA), in ./.venv-gpu:
 #   a flavour of its own, so the CUDA build never lands on top of tensorflow-cpu in the same environment
 PYTHON  ?= python3
-# Python writes each module's .pyc the first time a process imports it, and every later process reuses it,
-# even where PYTHONDONTWRITEBYTECODE is set (as on this machine and CI): without the .pyc files every process
-# would compile TensorFlow and Keras again (12 s, not 4). Only what is imported gets compiled, not all of
-# TensorFlow at install (uv's --compile-bytecode, as pip does it): CONTRIBUTING.md has the numbers. They go
-# to build/pycache, so nothing is written outside the clone (TensorFlow's AutoGraph imports modules it writes
-# to the temporary folder) and the source folders hold no __pycache__.
+# Each module is compiled once, by the first process that imports it, into build/pycache (even where
+# PYTHONDONTWRITEBYTECODE is set): otherwise every process would compile TensorFlow and Keras again. Only what
+# is imported gets compiled, nothing is written outside the clone, and no source folder gets a __pycache__.
 unexport PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX := $(CURDIR)/build/pycache
 FLAVOUR ?= cpu
@@ -61,19 +58,12 @@ lab: lab-setup
 # the budget table) and its student version once (under nbgrader, in the main environment); the test runs
 # note each run in build/executions.tsv and .ci/executions.py checks the counts.
 EXECUTIONS := $(CURDIR)/build/executions.tsv
-# Three tracks side by side, each setting up its own environments: the main environment's tests (printed as they
-# go); the Colab-like environment (set up as soon as the main environment has uv, while the rest of it installs),
-# then the oldest Python's unit tests (none where the main environment is that Python, as here: .ci/env-oldest),
-# then the main environment's example clusters (build/test-others.log); and the Binder-like environment, set up
-# first, then the main environment's browser tests, then the Binder-like lessons with their memory
-# (build/test-side.log). The browser tests and the clusters (SIDE_TRACK, below) mostly wait, on purpose, for
-# JupyterLab, heartbeats and timeouts, so they leave the cores to the others; the clusters follow the Colab-like
-# lessons and the browser tests precede the Binder-like ones, so that the three tracks end close together and no
-# lesson kernel works alone for minutes at the end (the tenth session's runs: CONTRIBUTING.md).
-# Every test and lesson is written to pass on a busy machine: the tracks keep the cores busy for each other
-# (so the Colab-like lessons get no extra bursty load here), and the budget table says how busy it was (its
-# host-speed line).
-# A track's log is printed whole when it ends, with its exit status (track, below).
+# Three tracks side by side (CONTRIBUTING.md): the main environment's tests; the Colab-like lessons, then the
+# oldest Python's unit tests, then the example clusters (build/test-others.log); the Binder-like set-up, then the
+# browser tests, then the Binder-like lessons (build/test-side.log). The browser tests and the clusters mostly
+# wait, so they sit beside lessons that keep the cores busy, and the tracks end close together. The tracks keep
+# the cores busy for each other, so the Colab-like lessons get no extra bursty load here. A track's log is
+# printed whole when it ends, with its exit status.
 test:
 	rm -f $(EXECUTIONS)
 	@# the last run's AutoGraph modules' .pyc files (their sources, in the temporary folder, are deleted at exit)
@@ -103,10 +93,8 @@ test-main: lint chromium
 	MGPU_EDU_CHROMIUM=$(CHROMIUM) $(BIN)/python -m pytest tests $(IN_PARALLEL) --durations=20 \
 		$(addprefix --ignore ,$(SIDE_TRACK))
 # make test-main and make check run their tests in two processes (pytest-xdist), a test file at a time in
-# each, the longest files first (tests/conftest.py): with one process, the main track ran alone on one core
-# for its last 7 minutes once the other tracks had ended (CONTRIBUTING.md). --no-loadscope-reorder keeps that
-# order: by default pytest-xdist (3.5 and later) hands out the files with the most tests first instead, which
-# started nbgrader's round trip, the longest, some 190 s late (CONTRIBUTING.md, "What the eleventh session changed").
+# each, the longest files first (tests/conftest.py), so that neither ends long after the other;
+# --no-loadscope-reorder keeps that order (pytest-xdist 3.5 and later would hand out the largest files first).
 WORKERS ?= 2
 IN_PARALLEL = -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -168,9 +156,8 @@ site: setup
 	$(BIN)/python docs/site/build.py --edition $(EDITION)
 
 # Time and memory of every lesson, and import time, into build/budgets/ (ignored by git), in this environment
-# (make test runs the same script in the Binder-like one). Measurements are not sources: only
-# `make budgets-commit` writes them into the
-# tracked benchmarks/results.md, CONTRIBUTING.md's budget table and the guide's time table.
+# (make test runs the same script in the Binder-like one). Only `make budgets-commit` writes the tracked
+# benchmarks/results.md and the guide's time table.
 budgets: setup
 	$(BIN)/python benchmarks/budgets.py
 budgets-commit: setup

@@ -4,8 +4,8 @@ Usage (from the repository root, inside the dev environment):
 
     python benchmarks/budgets.py                 # every lesson in lessons/course.toml, into build/budgets/
     python benchmarks/budgets.py 00 03           # some lessons
-    python benchmarks/budgets.py --commit        # into the tracked benchmarks/results.md and .json, the
-                                                 # CONTRIBUTING.md's budget table and the guide's time table
+    python benchmarks/budgets.py --commit        # into the tracked benchmarks/results.md and .json, and
+                                                 # the guide's time table
     python benchmarks/budgets.py --label "Binder-like (binder/)" --name results-binder [--commit]
                                                  # what make test's Binder-like environment runs
 
@@ -212,7 +212,7 @@ def _mean(rows: list[dict]) -> float:
 
 
 def table(rows: list[dict], suite_seconds: float) -> str:
-    """CONTRIBUTING's budget table: lesson · time · memory, pytest's own start, and the whole run."""
+    """The budget table of benchmarks/results.md: lesson · time · memory, pytest's own start, and the whole run."""
     lines = ["| lesson | nbval time (s) | kernel peak RSS (MB) | all processes, PSS (MB) | within budget |",
              "|---|---:|---:|---:|---|"]
     for row in rows:
@@ -273,8 +273,8 @@ def main() -> int:
     parser.add_argument("lessons", nargs="*", help="lesson numbers (e.g. 00 03); default all")
     parser.add_argument("--name", default="results", help="file name of the results, without .md (default results)")
     parser.add_argument("--commit", action="store_true",
-                        help="write into the tracked benchmarks/ (and, for the main results, CONTRIBUTING's "
-                        "budget table and the guide's time table) instead of build/budgets/")
+                        help="write into the tracked benchmarks/ (and, for the main results, the guide's time "
+                        "table) instead of build/budgets/")
     parser.add_argument("--label", default="", help="name of this environment, for the results' heading")
     parser.add_argument("--busy", action="store_true",
                         help="run the lessons while other processes keep the cores busy in bursts (bursty_load.py): "
@@ -325,15 +325,11 @@ def main() -> int:
     print(f"written to {out.relative_to(ROOT)}")
     whole = len(rows) == len(course.load(ROOT / "lessons").lessons)
     if args.commit and args.name == "results" and whole:
-        contributing = ROOT / "CONTRIBUTING.md"
-        body = text.split("\n\n", 1)[1].strip()
-        contributing.write_text(replace_block(contributing.read_text(encoding="utf-8"), "<!-- budgets:start -->",
-                                              "<!-- budgets:end -->", body), encoding="utf-8")
         guide = ROOT / "docs" / "instructors.md"
         block = guide_table(course.load(ROOT / "lessons"), rows, f"measured {when}")
         guide.write_text(replace_block(guide.read_text(encoding="utf-8"), TIMES_START, TIMES_END, block),
                          encoding="utf-8")
-        print("refreshed CONTRIBUTING.md's budget table and docs/instructors.md's time table")
+        print("refreshed docs/instructors.md's time table")
     failures = [f"pytest failed (exit status {exit_status}): see its report above"] if exit_status else []
     failures += [f"{r['lesson']} failed under nbval" for r in rows if not r["passed"]]
     failures += [f"{r['lesson']}: kernel peak {r['kernel_mb']} MB > {KERNEL_BUDGET_MB:.0f} MB"

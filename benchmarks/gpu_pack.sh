@@ -1,9 +1,9 @@
 #!/bin/bash
-# Packs TensorFlow 2.21 with the CUDA 12 libraries it loads, Keras, nbval and Jupyter for a lent
-# GPU machine that has Python 3.12 but no TensorFlow and no package registry (docs/gpu-runs.md,
-# 2026-11-26). Writes .gpu00/part ... .gpuNN/part (up to 56 MiB each, smaller as the repository grows; git-ignored through
-# .git/info/exclude) and puts a zstd binary beside the last part. Each part travels in its own
-# call, whose command moves it to /tmp/parts; benchmarks/gpu_session.sh then unpacks and runs.
+# Packs TensorFlow 2.21 with the CUDA 12 libraries it loads, Keras, nbval and Jupyter for a GPU machine
+# that has Python 3.12 but no internet access and no TensorFlow (docs/gpu-runs.md). Run it where pip can
+# download; it writes .gpu00/part ... .gpuNN/part (at most 56 MiB each; git-ignored through
+# .git/info/exclude) and puts a zstd binary beside the last part. Copy every part to /tmp/parts on the GPU
+# machine (/tmp/parts/00, /tmp/parts/01, ...); benchmarks/gpu_session.sh then unpacks and runs.
 set -euo pipefail
 work=${1:-/tmp/gpu-pack}
 mkdir -p "$work/wheels" && cd "$(git rev-parse --show-toplevel)"

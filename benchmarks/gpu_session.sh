@@ -1,22 +1,17 @@
 #!/bin/bash
-# Runs on a lent GPU machine that has no TensorFlow and no package registry: unpacks the
-# TensorFlow 2.21 + CUDA 12 site that benchmarks/gpu_pack.sh split into parts and earlier calls
-# carried, one each, into /tmp/parts (`mkdir -p /tmp/parts; mv .gpuNN/part /tmp/parts/NN`), then
-# prints what TensorFlow says about the card, runs benchmarks/gpu_checks.py (CHECKS=0 skips it), then
-# the lessons under nbval on logical GPUs, one pytest process per lesson with its own log and JUnit
-# file, in the order LESSONS names them (by number, e.g. "15 16 02"; all by default), until
-# LESSONS_S seconds after the start: a lesson still running then is stopped with SIGINT (pytest still
-# writes both files) and the ones not started are listed. Logs come back as $OUT/logs.tgz (a device
-# call returns at most 8 files). docs/gpu-runs.md says what was seen.
+# Runs on a GPU machine without internet access or TensorFlow (docs/gpu-runs.md): unpacks the
+# TensorFlow 2.21 + CUDA 12 site that benchmarks/gpu_pack.sh made, from the parts copied to /tmp/parts,
+# then prints what TensorFlow says about the card, runs benchmarks/gpu_checks.py (CHECKS=0 skips it), then
+# the lessons under nbval on logical GPUs, one pytest process per lesson with its own log and JUnit file,
+# in the order LESSONS names them (by number, e.g. "15 16 02"; all by default), until LESSONS_S seconds
+# after the start: a lesson still running then is stopped with SIGINT (pytest still writes both files) and
+# the ones not started are listed. Logs go to $OUT/logs.tgz.
 #
-# LESSONS_AT_ONCE (default 1) runs several lessons side by side. setup_devices gives a process's
-# logical GPUs 80 % of the card between them, so several processes at once need a smaller share: a
-# `sitecustomize` written below makes every Python process plan with the card's memory divided by
-# LESSONS_AT_ONCE + 2
-# (tests/offline/sitecustomize.py, which the tests put first on PYTHONPATH, runs it after itself).
-# On 2026-11-27 it did not yet: the offline guard hid it from the lesson kernels, each kernel took the
-# full share, and the card filled (docs/gpu-runs.md). Dividing USABLE_FRACTION instead changed lesson 00's
-# T4 arithmetic, which uses it.
+# LESSONS_AT_ONCE (default 1) runs several lessons side by side. setup_devices gives a process's logical
+# GPUs 80 % of the card between them, so several processes at once need a smaller share: a `sitecustomize`
+# written below makes every Python process plan with the card's memory divided by LESSONS_AT_ONCE + 2
+# (tests/offline/sitecustomize.py, which the tests put first on PYTHONPATH, runs it after itself, so the
+# lesson kernels get it too). USABLE_FRACTION itself stays: lesson 00's T4 arithmetic uses it.
 set -u
 OUT=${OUT:-/tmp/gpu-out}; LOGS=/tmp/gpu-logs; mkdir -p "$OUT" "$LOGS"
 SITE=${SITE:-/tmp/site}; PY=${PY:-python3}
@@ -72,4 +67,4 @@ print(f"all: {total[0]} cells, {total[1]} failed, {total[2]:.1f} s (cell times s
 PY
 sort -t, -k2 -n "$LOGS/smi.log" | tail -1 | sed 's/^/most GPU memory used (all processes): /'
 echo "total $(( $(date +%s) - t0 )) s"
-tar czf "$OUT/logs.tgz" -C "$LOGS" .   # at most 8 files come back from a device call
+tar czf "$OUT/logs.tgz" -C "$LOGS" .   # one archive: easy to copy back

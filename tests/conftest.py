@@ -231,17 +231,17 @@ def pytest_runtest_teardown(item, nextitem):
 # round trip, which runs every student version (minutes), and the website, built twice and opened in Chromium;
 # then the other long files, longest first (their times on an idle machine, in seconds, in the comments), and
 # every other file after them, in pytest's order (each a few seconds), so that the run ends with short files, not
-# with one process working through a long one alone while the other waits (CONTRIBUTING.md, "What the eleventh
-# session changed").
+# with one process working through a long one alone while the other waits.
 FIRST = (
     "tests/test_nbgrader.py", "tests/test_site.py",
     "tests/test_mirrored.py",  # 158
+    "tests/test_grading.py",  # 100: a class of notebooks graded, two at a time, and five smaller batches
     "tests/test_warm_kernels.py",  # 77 beside other work: a zygote's imports, then fourteen kernels (three fresh)
     "tests/test_meshes.py",  # 54
     "tests/test_cluster.py",  # 40, mostly waiting for processes to stop
     "tests/test_keras_facts.py",  # 37
     "tests/test_tradeoffs.py", "tests/test_allreduce.py",  # 33 each
-    "tests/test_tensor.py", "tests/test_data.py",  # 25 (21 since it traces each step once), 23
+    "tests/test_tensor.py", "tests/test_data.py",  # 25, 23
     "tests/test_devices.py", "tests/test_sharding.py", "tests/test_cli.py",  # 16 to 17
     "tests/test_collectives.py", "tests/test_offline.py",  # 15 each
 )

@@ -196,8 +196,8 @@ def _appear(page, widget, name: str, tmp_path: Path) -> None:
 def chromium(lab_server):
     """One headless Chromium for this module's tests, and one browser context in it: each test opens a tab of its
     own, and the tabs share the context's cache, so JupyterLab's scripts are fetched and compiled once, not once
-    per test (CONTRIBUTING.md, "What the twelfth session changed"). It needs the server (which says where
-    Chromium must be when it isn't there), and closes before the server stops."""
+    per test (a browser context per test made Chromium work several times as hard). It needs the server (which
+    says where Chromium must be when it isn't there), and closes before the server stops."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

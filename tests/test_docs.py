@@ -31,13 +31,6 @@ def test_readme_generated_blocks_are_the_manifests():
         assert _block(readme, f"<!-- {name}:start -->", f"<!-- {name}:end -->") == block, name
 
 
-def test_contributing_budget_table_is_the_committed_results():
-    contributing = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
-    results = (ROOT / "benchmarks" / "results.md").read_text(encoding="utf-8")
-    assert _block(contributing, "<!-- budgets:start -->", "<!-- budgets:end -->") == \
-        results.split("\n\n", 1)[1].strip()
-
-
 def test_every_install_command_in_the_readme_installs_from_the_repository():
     """Pasted as they are, they work: the package is not on PyPI, so every pip line names the repository."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -142,3 +135,27 @@ def test_the_guides_example_check_runs_as_written():
     assert "double it" in tree_steps(3, n=8).message
     assert tree_steps(None, n=8).status == "unsolved"
     assert tree_steps("six", n=8).status == tree_steps(6.5, n=8).status == tree_steps(7, n=8).status == "wrong"
+
+
+@pytest.mark.light  # git
+def test_no_file_speaks_of_how_the_work_was_organised():
+    """The repository describes the course and its design; its history is `git log`. No numbered rounds of work,
+    machines on loan or issue numbers in prose, comments, tests or lessons."""
+    ordinals = ("first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
+                "fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth")
+    patterns = [rf"\b(?:{ordinals}|next|last|this|that|previous|earlier|same|evening|morning|development) session\b",
+                r"\bsessions? (?:ago|before|after)\b", r"\b(?:lent|on loan)\b", r"\bcan_start_another\b",
+                r"\bissue \d+\b", rf"\b(?:{ordinals}) (?:round|review) of\b", r"\bclosing note\b"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in tracked:
+        path = ROOT / name
+        if name.startswith("docs/site/_static/vendor/") or name == "tests/test_docs.py" or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for pattern in patterns:
+            found += [f"{name}: {m.group(0)!r}" for m in re.finditer(pattern, text, flags=re.I)]
+    assert not found, found

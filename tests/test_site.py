@@ -296,8 +296,8 @@ def browser():
 
 class _Tab:
     """One browser tab that opens page after page, blocking every request outside ``base``; for the page it opened
-    last it keeps the console errors and the blocked requests. (A new tab for each page made Chromium work three
-    times as hard, 2.6 CPU-seconds a page: CONTRIBUTING.md, "What the twelfth session changed".)"""
+    last it keeps the console errors and the blocked requests. (A new tab for each page made Chromium work about
+    three times as hard.)"""
 
     def __init__(self, browser, base: str):
         self.base = base

@@ -46,13 +46,12 @@ from mgpu_edu import course  # noqa: E402 - this checkout's package
 from mgpu_edu.course.assignments import student_version  # noqa: E402
 from mgpu_edu.course.preprocessors import is_grade, is_solution  # noqa: E402
 
-# Pages besides the lessons (repository paths), listed in this order under their own caption
-GUIDES = ["docs/instructors.md", "docs/gpu-runs.md", "CONTRIBUTING.md", "docs/style.md", "benchmarks/results.md",
-          "benchmarks/results-binder.md"]
-GUIDE = "docs/instructors.md"  # every exercise's answer: only in the instructor edition
+# Pages besides the lessons: the guide (every exercise's answer) and the maintainers' pages, in the instructor
+# edition only; the learner edition is the lessons, the README's learner part and the sources' credits.
+GUIDES = ["docs/instructors.md", "CONTRIBUTING.md", "docs/style.md", "docs/gpu-runs.md", "benchmarks/results.md"]
 SKIP = ("<!-- learner-site:skip:start -->", "<!-- learner-site:skip:end -->")  # README parts not for learners
 EDITIONS = {
-    "learner": {"folder": course.STUDENT, "guides": [g for g in GUIDES if g != GUIDE], "caption": "For contributors",
+    "learner": {"folder": course.STUDENT, "guides": [], "caption": "",
                 "banner": "Learner edition: the exercises are yours to solve; no solutions here. "
                           "The buttons open them in Colab or on Binder."},
     "instructor": {"folder": "lessons", "guides": GUIDES, "caption": "For instructors and contributors",
@@ -192,7 +191,8 @@ def stage(target: Path, edition: str = "learner") -> course.Course:
         aliases = {f"lessons/{lesson.file}": page for lesson, page in zip(known.lessons, lesson_pages, strict=True)}
     landing = rewrite(readme, "README.md", staged, known.repo, known.ref, aliases)
     landing += toctree("Lessons", [page.removesuffix(".ipynb") for page in lesson_pages])
-    landing += toctree(EDITIONS[edition]["caption"], [page.removesuffix(".md") for page in guides])
+    if guides:
+        landing += toctree(EDITIONS[edition]["caption"], [page.removesuffix(".md") for page in guides])
     landing += toctree("Sources", [f"credits/{s['slug']}" for s in sources])
     (target / "index.md").write_text(landing, encoding="utf-8")
     return known
