@@ -524,16 +524,9 @@ def _tree(pid: int | None) -> list[Any]:
 
 
 def _kill_tree(pid: int | None) -> None:
-    import psutil
+    from mgpu_edu.course.sandbox import kill_tree
 
-    for _ in range(20):
-        processes = _tree(pid)
-        if not processes:
-            return
-        for process in processes:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        psutil.wait_procs(processes, timeout=1)
+    kill_tree(pid)
 
 
 @dataclasses.dataclass
@@ -845,7 +838,9 @@ def grade_batch(paths: Sequence[Path], lessons: dict[str, CourseLesson], limits:
     try:
         asyncio.run(main(workspace))
     finally:
-        _kill_tree_below_self()
+        from mgpu_edu.course.sandbox import kill_tree
+
+        kill_tree(os.getpid(), spare_root=True)
         shutil.rmtree(workspace, ignore_errors=True)
     return [graded[i] for i in sorted(graded)]
 
@@ -857,19 +852,6 @@ def _workspace() -> Path:
     if len(str(base)) > 60 and os.path.isdir("/tmp") and os.access("/tmp", os.W_OK):
         base = Path("/tmp")
     return Path(tempfile.mkdtemp(prefix="mgpu-edu-", dir=base))
-
-
-def _kill_tree_below_self() -> None:
-    import psutil
-
-    for _ in range(20):
-        children = psutil.Process().children(recursive=True)
-        if not children:
-            return
-        for child in children:
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        psutil.wait_procs(children, timeout=1)
 
 
 # --- stored outputs (--no-execute) -------------------------------------------------------------------------------

@@ -174,23 +174,25 @@ def describe() -> str:
     return f"Linux: {files}; network {'off (a namespace of its own)' if network else 'on (no user namespaces)'}"
 
 
-def _sweep(pid: int) -> None:
-    """Kill every process below pid (the subreaper keeps even detached ones there)."""
+def kill_tree(pid: int | None, spare_root: bool = False) -> None:
+    """Kill process pid and everything below it (a subreaper keeps even detached processes there), or, with
+    spare_root, only what is below it; again until none is left, a process may start another as it dies."""
     import psutil
 
     for _ in range(50):
         try:
-            children = psutil.Process(pid).children(recursive=True)
+            root = psutil.Process(pid) if pid is not None else None
+            processes = ([] if spare_root else [root]) + root.children(recursive=True) if root else []
         except psutil.Error:
             return
-        if not children:
+        if not processes:
             return
-        for child in children:
+        for process in processes:
             try:
-                child.kill()
+                process.kill()
             except psutil.Error:
                 pass
-        psutil.wait_procs(children, timeout=1)
+        psutil.wait_procs(processes, timeout=1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     code = kernel.wait()
-    _sweep(os.getpid())
+    kill_tree(os.getpid(), spare_root=True)
     return code
 
 
