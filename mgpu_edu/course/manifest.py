@@ -276,8 +276,8 @@ INSTALLS = [("", "the helpers only; uses the TensorFlow you have (Colab)"),
             ("cpu", "plus `tensorflow-cpu` (plain `tensorflow` on macOS and on Linux on ARM, such as Docker on "
                     "Apple Silicon, where it is the CPU build)"),
             ("gpu", "plus `tensorflow[and-cuda]` for NVIDIA GPUs on Linux"),
-            ("cpu,instructor", "plus nbformat, nbconvert, nbclient, psutil and tqdm, for `mgpu-edu badges`, "
-                               "`student` and `grade`"),
+            ("cpu,instructor", "plus nbformat, nbconvert, nbclient, ipykernel, psutil and tqdm, for `mgpu-edu "
+                               "badges`, `student` and `grade`"),
             ("cpu,nbgrader", "plus nbgrader 0.9 (with JupyterLab 4 and Notebook 7) and the `instructor` extra, for "
                              "grading in the course folder `mgpu-edu nbgrader` makes; not for Colab")]
 

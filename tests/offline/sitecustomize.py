@@ -7,8 +7,8 @@ written to the file named by ``MGPU_EDU_NETWORK_LOG``; the test session fails if
 gains a line. That proves the lessons never download anything, even when they catch the error.
 
 Python imports only the first ``sitecustomize`` on ``sys.path``, so this one would hide any other (a
-system's, or one a run puts on ``PYTHONPATH`` to adjust every process, as benchmarks/gpu_session.sh
-does): at start-up it runs the next one on the path too, as Python would have without it.
+system's, or one a run puts on ``PYTHONPATH`` to adjust every process): at start-up it runs the next one
+on the path too, as Python would have without it.
 """
 
 import ipaddress
