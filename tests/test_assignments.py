@@ -68,7 +68,7 @@ def test_every_exercise_is_an_nbgrader_prompt_answer_and_check(file):
         assert a.source.startswith(markers.BEGIN) and a.source.endswith(markers.END)
         # the check: nbval compares its stored output with a fresh run, and nbgrader's hidden assert fails
         # unless the check said "correct"
-        assert g.source.startswith(markers.CHECK_MARKER + "\n") and assignments._CHECK_CALL.search(g.source)
+        assert g.source.startswith(markers.CHECK_MARKER + "\n") and markers.CHECK_CALL.search(g.source)
         assert g.source.endswith(f"\n{markers.HIDDEN_BEGIN}\nassert feedback.correct, feedback\n"
                                  f"{markers.HIDDEN_END}")
     # no marker words anywhere else: nbgrader would take them for markers

@@ -184,7 +184,7 @@ def test_student_versions_strip_solutions_clear_outputs_and_keep_checks(tmp_path
         assert markers.BEGIN not in code and markers.END not in code
         assert markers.CHECK_MARKER not in code
         assert code.count("# YOUR CODE HERE") == len(lesson.checks)
-        assert tuple(assignments._CHECK_CALL.findall(code)) == lesson.checks
+        assert tuple(markers.CHECK_CALL.findall(code)) == lesson.checks
         assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
         assert nb.metadata[markers.STUDENT_FLAG] is True and "widgets" not in nb.metadata
         badges = next(c.source for c in nb.cells if c.metadata.get(course.CELL_ROLE) == "badges")

@@ -28,9 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_edu.course.manifest import MANIFEST, STUDENT
-from mgpu_edu.course.markers import has_region
-
-_CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
+from mgpu_edu.course.markers import CHECK_CALL, has_region
 
 
 def student_version(nb: Any, name: str = "notebook") -> Any:
@@ -91,7 +89,7 @@ def without_exercises(paths: Sequence[Path]) -> list[Path]:
             text = "\n".join("".join(c.get("source", "")) for c in cells)
         except (OSError, ValueError, AttributeError):
             text = ""
-        if not (has_region(text) or _CHECK_CALL.search(text)):
+        if not (has_region(text) or CHECK_CALL.search(text)):
             empty.append(Path(path))
     return empty
 

@@ -45,16 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from mgpu_edu.course import answers
-from mgpu_edu.course.markers import CHECK_MARKER, strip_hidden_tests
+from mgpu_edu.course.markers import CHECK_CALL, CHECK_MARKER, strip_hidden_tests
 
 #: Largest handed-in file the grader reads.
 MAX_NOTEBOOK_BYTES = 50 * 2**20
 #: Most processes a notebook may run at once.
 MAX_PROCESSES = 64
-_CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
 
-#: What a notebook's run ended as, besides finishing.
-ENDINGS = ("timed out", "out of memory", "killed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +182,7 @@ def read_lesson(path: Path) -> CourseLesson:
         metadata = cell.get("metadata", {}).get("nbgrader", {})
         if metadata.get("solution"):
             answer_id = metadata.get("grade_id")
-        if metadata.get("grade") and cell.cell_type == "code" and _CHECK_CALL.search(cell.source):
+        if metadata.get("grade") and cell.cell_type == "code" and CHECK_CALL.search(cell.source):
             exercises.append(_exercise(cell, len(exercises) + 1, answer_id, f"{path.name}, cell {index}"))
             answer_id = None
     return CourseLesson(path.name, Path(path), tuple(exercises))
@@ -225,7 +222,7 @@ def _signature(nb: Any) -> list[tuple[str, str]]:
     """The (grade_id, check name) of a notebook's grade cells, in order."""
     found = []
     for cell in nb.cells:
-        match = _CHECK_CALL.search(_source(cell)) if cell.get("cell_type") == "code" else None
+        match = CHECK_CALL.search(_source(cell)) if cell.get("cell_type") == "code" else None
         if _nbgrader(cell).get("grade") and match:
             found.append((str(_grade_id(cell)), match.group(1)))
     return found
@@ -871,7 +868,7 @@ def stored_results(nb: Any, name: str) -> list[ExerciseResult]:
     before = None  # the last error of a non-check cell since the previous check
     for cell in [cell for cell in nb.cells if cell.cell_type == "code"]:
         error = next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-        match = _CHECK_CALL.search(cell.source)
+        match = CHECK_CALL.search(cell.source)
         if not match:
             before = error or before
             continue

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mgpu_edu.course.markers import CHECK_CALL
+
 #: The manifest's file name, in the lessons folder.
 MANIFEST = "course.toml"
 #: Cell metadata key that marks the cells this module writes.
@@ -408,9 +410,6 @@ def set_defaults(manifest: Path, repo: str, ref: str) -> bool:
     return True
 
 
-_CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
-
-
 #: A path that only exists on the machine that ran a lesson: a home or work folder, a temporary one,
 #: an installed package's file (a warning quotes one), a Windows drive.
 _MACHINE_PATH = re.compile(r"(?:/home/|/root/|/work/|/Users/|/tmp/|/private/var/|site-packages|\b[A-Z]:\\)\S*")
@@ -466,7 +465,7 @@ def lesson_problems(course: Course, lesson: Lesson) -> list[str]:
         problem("its first TensorFlow call must be setup_devices(...), in a cell whose banner is checked")
     if not lesson.tensorflow and (tensorflow or setup):
         problem("the manifest says its kernel doesn't import TensorFlow, but a cell does")
-    calls = [m.group(1) for c in code for m in _CHECK_CALL.finditer(c.source)]
+    calls = [m.group(1) for c in code for m in CHECK_CALL.finditer(c.source)]
     if tuple(calls) != lesson.checks:
         problem(f"its exercises call check.{', check.'.join(calls) or '(nothing)'}; the manifest lists "
                 f"{list(lesson.checks)}")

@@ -10,6 +10,7 @@ region, so keep those words out of prose in the lessons. Used by the nbconvert p
 from __future__ import annotations
 
 import ast
+import re
 import textwrap
 
 BEGIN = "### BEGIN SOLUTION"
@@ -19,6 +20,8 @@ HIDDEN_END = "### END HIDDEN TESTS"
 #: What nbgrader looks for in a line (ClearSolutions' and ClearHiddenTests' default delimiters).
 _DELIMITERS = {"solution": ("BEGIN SOLUTION", "END SOLUTION"),
                "hidden tests": ("BEGIN HIDDEN TESTS", "END HIDDEN TESTS")}
+#: An exercise check's call in a cell's source: ``check.<name>(``.
+CHECK_CALL = re.compile(r"\bcheck\.(\w+)\(")
 #: The line that tells nbval to compare a cell's output; student versions drop it.
 CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
 STUB_COMMENT = "# YOUR CODE HERE"
