@@ -361,19 +361,28 @@ def test_an_interrupted_batch_keeps_what_it_graded_and_stops_every_kernel(tmp_pa
     sleeper = mini._answer(mini.student(course_dir), 1, "import time\ntime.sleep(600)")
     nbformat.write(sleeper, tmp_path / "b-sleeper.ipynb")
     workspace = Path(tempfile.mkdtemp(dir="/tmp", prefix="g"))  # short: the kernels' sockets live below it
+    # started with SIGINT ignored, as a test runner's worker (or a shell's background job) may start it
     grader = subprocess.Popen([entry_point(), "grade", "a-quick.ipynb", "b-sleeper.ipynb", "--course", "course",
                                "--csv", "grades.csv"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, "TMPDIR": str(workspace)})
+                              text=True, env={**os.environ, "TMPDIR": str(workspace)},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # until the quick one is graded and the sleeper's kernel runs
         if (tmp_path / "grades.csv").exists() and "a-quick" in (tmp_path / "grades.csv").read_text() \
                 and _in(workspace):
             break
         time.sleep(0.5)
-    rows_before = (tmp_path / "grades.csv").read_text()
-    assert "a-quick" in rows_before and _in(workspace), "the quick notebook was graded and the sleeper is running"
-    grader.send_signal(signum)
-    out, err = grader.communicate(timeout=120)
+    try:
+        rows_before = (tmp_path / "grades.csv").read_text()
+        assert "a-quick" in rows_before and _in(workspace), "the quick notebook was graded and the sleeper is running"
+        grader.send_signal(signum)
+        out, err = grader.communicate(timeout=120)
+    finally:
+        if grader.poll() is None:  # it didn't stop: end it and its kernels, then fail
+            for process in [*_in(workspace)]:
+                process.kill()
+            grader.kill()
+            grader.communicate()
     assert grader.returncode == 130, err
     assert "interrupted: 1 of 2 notebook(s) graded; grades.csv holds them" in err
     rows = list(csv.DictReader((tmp_path / "grades.csv").read_text().splitlines()))

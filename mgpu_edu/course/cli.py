@@ -334,7 +334,10 @@ def _grade(args: argparse.Namespace) -> int:
     def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    # Ctrl-C stops the batch even where the grader was started with SIGINT ignored (a process inherits that,
+    # and Python then never raises KeyboardInterrupt): asyncio turns it into a clean stop of every kernel.
     previous = signal.signal(signal.SIGTERM, stop) if hasattr(signal, "SIGTERM") else None
+    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         if args.no_execute:
             print(f"note: --no-execute {grading.TRUSTED}", file=sys.stderr)
@@ -361,6 +364,7 @@ def _grade(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     finally:
+        signal.signal(signal.SIGINT, previous_interrupt)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     order = {str(p): i for i, p in enumerate(paths)}
