@@ -570,7 +570,7 @@ def _reduce_scatter_variants():
 
 
 @pytest.mark.parametrize(("variant", "status_", "hint"), [
-    ("right", "correct", "twice what a real reduce-scatter sends"),
+    ("right", "correct", "twice what a real one sends"),
     ("as_tuple_with_gather", "correct", "chunk i of the sum on device i"),
     ("even_split", "wrong", "parallel.shard_sizes(7, 4)"),
     ("numpy_split", "wrong", "Cut with tf.split or by slicing"),
@@ -710,6 +710,8 @@ _MEGATRON = {"wq": (None, "model"), "wk": (None, "model"), "wv": (None, "model")
     ({**_MEGATRON, "b1": (None,)}, "wrong", "split it like those columns"),
     ({k: v for k, v in _MEGATRON.items() if k != "wk"}, "wrong", "wk is missing"),
     ({**_MEGATRON, "bo": ("model",)}, "wrong", "held whole by each device"),
+    ({k: tuple("x" if a else a for a in v) for k, v in _MEGATRON.items()}, "wrong",
+     "splits the right dimension, along an axis named 'x': the mesh's tensor axis is named 'model'"),
     ([("wq", (None, "model"))], "wrong", "expected a dict"),
     (..., "unsolved", "dict of weight name"),
 ])
@@ -750,3 +752,11 @@ def test_mfu_from_throughput_names_hardware_flops_and_six_per_parameter():
     assert "attention" in check.mfu_from_throughput(6 * model.params * 99_972 / (1024 * 312e12), **args).message
     assert "fraction" in check.mfu_from_throughput(100 * right, **args).message
     assert check.mfu_from_throughput(right * 1.01, **args).status == "wrong"
+
+
+def test_a_float16_answer_is_held_to_two_of_its_steps():
+    """A float16 answer is judged to float16's precision (steps of 2**-10 of its value), two steps at most: the
+    right value rounded to float16 is right, one 0.3 % off (three steps) is not."""
+    right = math.log(1 + 6 / math.e)  # softmax_floor for 7 classes
+    assert check.softmax_floor(np.float16(right), classes=7).correct
+    assert not check.softmax_floor(np.float16(right * 1.003), classes=7).correct

@@ -103,6 +103,10 @@ def test_tokens_and_bytes_sent(four_devices):
         assert run.tokens[i] == [int(kept[2 * j] + kept[2 * j + 1]) for j in range(4)]
     formula = experts.formula_bytes(4, experts=8, capacity=slots, hidden=8)
     assert run.dispatch.bytes_sent == run.combine.bytes_sent == [formula] * 4 == [3 * 2 * 3 * 8 * 4] * 4
+    zero_first = tf.concat([tf.zeros([1, 8]), x[1:]], axis=0)  # a token of zeros still takes its slots
+    run = experts.expert_parallel(zero_first, w, four_devices, top_k=2, capacity_factor=1.25)
+    kept = run.routings[0].kept.numpy()[0]
+    assert run.tokens[0] == [int(kept[2 * j] + kept[2 * j + 1]) for j in range(4)]
 
 
 def test_bad_inputs_are_named(four_devices):

@@ -52,6 +52,9 @@ def test_fit_error_names_the_value_and_the_fix():
     assert "Choose a multiple of 4 (28 or 32)" in mirrored.batch_plan(1438, 30, 4, mode="global").fit_error
     too_big = mirrored.batch_plan(1438, 512, 4).fit_error  # one batch of 1,438: 360, 360, 360, 358
     assert "360, 360, 360, 358" in too_big and "at most 359 per replica" in too_big
+    assert "validation_batch_size, e.g. 1,436" in too_big
+    tiny = mirrored.batch_plan(2, 64, 4, mode="global").fit_error  # 2 examples on 4 replicas: 1, 1, 0, 0
+    assert "Fewer examples than replicas" in tiny and "at most 0" not in tiny
     assert mirrored.batch_plan(1438, 512, 1).fit_error is None
     assert mirrored.batch_plan(1440, 512, 4).fit_error is None  # one batch of 1,440 splits 360 × 4
 

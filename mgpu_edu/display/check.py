@@ -135,7 +135,7 @@ class _Number(float):
 
     def __new__(cls, value: float, dtype_name: str = "float64") -> _Number:
         number = super().__new__(cls, value)
-        number.precision = max(1e-9, 4 * _EPSILON.get(dtype_name, 0.0))
+        number.precision = max(1e-9, 2 * _EPSILON.get(dtype_name, 0.0))
         return number
 
 
@@ -830,8 +830,8 @@ def reduce_scatter_function(fn: Any, devices: Any) -> Feedback:
                                     "Slice inside `with tf.device(tensors[i].device):` so the chunk stays where "
                                     "its sum is (lesson 01: an op without a device runs on the default one).")
     return _report("correct", f"chunk i of the sum on device i, for {n} devices and 7 uneven rows. Built from an "
-                              "all-reduce, it moves 2(N−1)/N·S per device, twice what a real reduce-scatter sends: "
-                              "every device receives finished sums it then throws away.")
+                              "all-reduce, as the exercise asks, a reduce-scatter moves 2(N−1)/N·S per device, twice "
+                              "what a real one sends: every device receives finished sums it then throws away.")
 
 
 def tp_block_bytes(answer: Any, t: int, seq: int, batch: int, hidden: int, itemsize: int = 2) -> Feedback:
@@ -1022,6 +1022,11 @@ def megatron_layouts(answer: Any) -> Feedback:
         if name not in answer:
             return _report("wrong", f"{name} is missing; {why[name]}: {name} → {axes}.")
         got = spelled(answer[name])
+        renamed = tuple(a if a is None else TENSOR for a in got) if isinstance(got, (list, tuple)) else got
+        if got != axes and renamed == axes:
+            other = next(a for a in got if a is not None and a != TENSOR)
+            return _report("wrong", f"{name} → {got!r} splits the right dimension, along an axis named {other!r}: "
+                                    f"the mesh's tensor axis is named {TENSOR!r} (meshes.TENSOR).")
         if got != axes:
             return _report("wrong", f"{name} → {got!r} is not it: {why[name]}.")
     for name, axes in answer.items():

@@ -277,7 +277,7 @@ def check_tensors(tensors: Sequence[Any], name: str) -> list[Any]:
     dtypes = [getattr(t.dtype, "name", str(t.dtype)) for t in tensors]
     if len(set(shapes)) > 1:
         raise BadArgument(f"{name}: every tensor must have the same shape, got shapes {shapes}. "
-                          "Each device must hold a tensor of the same size to add them.")
+                          "Each device must hold a tensor of the same shape: one piece of the same collective each.")
     if len(set(dtypes)) > 1:
         raise BadArgument(f"{name}: every tensor must have the same dtype, got dtypes {dtypes}. "
                           "Cast them to one dtype (e.g. tf.cast(t, tf.float32)) first.")

@@ -143,8 +143,8 @@ def moe(x: Any, weights: dict[str, Any], top_k: int = 1, capacity_factor: float 
 @dataclasses.dataclass
 class ExpertRun:
     """An expert-parallel forward pass: each device's output and routing, both all-to-alls' traces, and
-    ``tokens[i][j]``, the slots device i sent to device j that carried a token (counted in what j received: a
-    filled slot holds a token's vector, an empty one zeros; a top-2 token may fill two of them)."""
+    ``tokens[i][j]``, the slots device i sent to device j that carried a token (counted from i's dispatch, so a
+    token of zeros counts too; a top-2 token may fill two of them)."""
 
     outputs: list[Any]
     routings: list[Routing]
@@ -182,24 +182,25 @@ def expert_parallel(x: Any, weights: dict[str, Any], devices: Sequence[str], top
                           f"batch whose tokens divide by {n}.")
     local, size = experts // n, tokens // n
     routings, buffers, mine = [], [], []
+    tokens_sent = [[0] * n for _ in range(n)]
     for d, device in enumerate(devices):
         with tf.device(device):
             group = x[d * size:(d + 1) * size]
             routing = route(tf.matmul(group, tf.identity(weights["router"])), top_k, capacity_factor)
             routings.append(routing)
             slots = tf.einsum("tec,th->ech", routing.dispatch[0], group)  # [E, C, h]: device j's experts are rows j
+            # the slots each device's experts get from this one, counted from the dispatch (a token may be zeros)
+            taken = tf.reshape(tf.reduce_sum(routing.dispatch[0], axis=0), [n, local * routing.capacity])
+            for j, count in enumerate(tf.reduce_sum(taken, axis=1).numpy().tolist()):
+                tokens_sent[d][j] = int(round(count))
             buffers.append(tf.reshape(slots, [experts * routing.capacity, hidden]))
             mine.append({name: tf.identity(weights[name][d * local:(d + 1) * local]) for name in ("w1", "b1", "w2")})
     slots_per = routings[0].capacity
     received, dispatch = collectives.all_to_all(buffers, trace=True)
-    tokens_sent = [[0] * n for _ in range(n)]
     outputs = []
     for j, device in enumerate(devices):
         with tf.device(device):
             arrived = tf.reshape(received[j], [n, local, slots_per, hidden])  # [source, my expert, slot, h]
-            filled = tf.reduce_any(tf.not_equal(arrived, 0), axis=-1)
-            for i, count in enumerate(tf.reduce_sum(tf.cast(filled, tf.int32), axis=[1, 2]).numpy().tolist()):
-                tokens_sent[i][j] = count
             done = experts_mlp(tf.transpose(arrived, [1, 0, 2, 3]), mine[j]["w1"], mine[j]["b1"], mine[j]["w2"])
             outputs.append(tf.reshape(tf.transpose(done, [1, 0, 2, 3]), [n * local * slots_per, hidden]))
     back, combine = collectives.all_to_all(outputs, trace=True)

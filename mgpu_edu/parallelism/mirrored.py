@@ -149,10 +149,15 @@ class BatchPlan:
             return None
         split = ", ".join(map(str, shares))
         if self.global_batch > self.examples:
-            return (f"fit can't train a global batch of {self.global_batch:,} on {self.examples:,} examples over "
-                    f"{self.replicas} replicas: the only batch holds {first:,} examples, TensorFlow splits it "
-                    f"{split}, and Keras 3's fit fails when its first batch splits unevenly. Choose a smaller "
-                    f"batch, at most {self.examples // self.replicas:,} per replica.")
+            start = (f"fit can't use a global batch of {self.global_batch:,} on {self.examples:,} examples over "
+                     f"{self.replicas} replicas: the only batch holds {first:,} examples, TensorFlow splits it "
+                     f"{split}, and Keras 3's fit fails when its first batch splits unevenly.")
+            if self.examples < self.replicas:
+                return (f"{start} Fewer examples than replicas split unevenly whatever the batch: use at least "
+                        f"{self.replicas} (a multiple of {self.replicas}), or evaluate them without the strategy.")
+            return (f"{start} Choose a batch of at most {self.examples // self.replicas:,} per replica (for a "
+                    f"validation set, fit's validation_batch_size, e.g. "
+                    f"{self.examples // self.replicas * self.replicas:,}).")
         below = self.global_batch // self.replicas * self.replicas
         options = " or ".join(f"{b:,}" for b in (below, below + self.replicas) if b > 0)
         return (f"fit can't train a global batch of {self.global_batch:,} on {self.replicas} replicas: TensorFlow "
