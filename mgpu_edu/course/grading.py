@@ -46,6 +46,7 @@ from typing import Any
 
 from mgpu_edu.course import answers
 from mgpu_edu.course.markers import CHECK_CALL, CHECK_MARKER, strip_hidden_tests
+from mgpu_edu.course.sandbox import kill_tree, process_tree
 
 #: Largest handed-in file the grader reads.
 MAX_NOTEBOOK_BYTES = 50 * 2**20
@@ -508,24 +509,6 @@ def _folder_bytes(root: Path) -> int:
     return total
 
 
-def _tree(pid: int | None) -> list[Any]:
-    import psutil
-
-    if pid is None:
-        return []
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _kill_tree(pid: int | None) -> None:
-    from mgpu_edu.course.sandbox import kill_tree
-
-    kill_tree(pid)
-
-
 @dataclasses.dataclass
 class Run:
     """What running one notebook gave: each exercise's report, the cells' errors, and how it ended."""
@@ -548,6 +531,10 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
     done = asyncio.Event()
     deadline = time.monotonic() + limits.notebook_seconds
 
+    def launcher() -> int | None:
+        """The pid of the sandbox launcher, parent of the kernel and of everything it starts."""
+        return getattr(getattr(client.km, "provisioner", None), "pid", None)
+
     async def watch() -> None:
         """Kill the notebook's processes when they hold too much memory or disk, or are too many."""
         ticks = 0
@@ -556,10 +543,9 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
             ticks += 1
             if ticks % 5 == 0 and _folder_bytes(root) > limits.disk_mb * 2**20:
                 run.ending, run.why = "killed", f"it wrote over {limits.disk_mb:,} MB of files and was stopped"
-                _kill_tree(getattr(getattr(client.km, "provisioner", None), "pid", None))
+                kill_tree(launcher())
                 return
-            provisioner = getattr(client.km, "provisioner", None)
-            processes = _tree(getattr(provisioner, "pid", None))
+            processes = process_tree(launcher())
             total = 0
             for process in processes:
                 with contextlib.suppress(Exception):
@@ -570,7 +556,7 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
                 run.ending, run.why = "killed", f"it started over {MAX_PROCESSES} processes and was stopped"
             else:
                 continue
-            _kill_tree(getattr(provisioner, "pid", None))
+            kill_tree(launcher())
             return
 
     async def execute() -> None:
@@ -633,8 +619,7 @@ async def run_notebook(nb: Any, lesson: CourseLesson, positions: dict[int, int],
         done.set()
         run.timed_out_cells = [i for i in client.timed_out if i >= 0]
         watcher.cancel()
-        provisioner = getattr(client.km, "provisioner", None) if client.km is not None else None
-        _kill_tree(getattr(provisioner, "pid", None))
+        kill_tree(launcher())
         with contextlib.suppress(Exception):
             await asyncio.wait_for(client._async_cleanup_kernel(), timeout=10)
     return run
@@ -835,8 +820,6 @@ def grade_batch(paths: Sequence[Path], lessons: dict[str, CourseLesson], limits:
     try:
         asyncio.run(main(workspace))
     finally:
-        from mgpu_edu.course.sandbox import kill_tree
-
         kill_tree(os.getpid(), spare_root=True)
         shutil.rmtree(workspace, ignore_errors=True)
     return [graded[i] for i in sorted(graded)]

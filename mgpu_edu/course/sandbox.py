@@ -35,6 +35,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NO_NEW_PRIVS = 38
@@ -174,17 +175,26 @@ def describe() -> str:
     return f"Linux: {files}; network {'off (a namespace of its own)' if network else 'on (no user namespaces)'}"
 
 
+def process_tree(pid: int | None, spare_root: bool = False) -> list[Any]:
+    """Process pid and every process below it (psutil's), or, with spare_root, only those below; [] if it's gone."""
+    import psutil
+
+    if pid is None:
+        return []
+    try:
+        root = psutil.Process(pid)
+        return ([] if spare_root else [root]) + root.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def kill_tree(pid: int | None, spare_root: bool = False) -> None:
     """Kill process pid and everything below it (a subreaper keeps even detached processes there), or, with
     spare_root, only what is below it; again until none is left, a process may start another as it dies."""
     import psutil
 
     for _ in range(50):
-        try:
-            root = psutil.Process(pid) if pid is not None else None
-            processes = ([] if spare_root else [root]) + root.children(recursive=True) if root else []
-        except psutil.Error:
-            return
+        processes = process_tree(pid, spare_root)
         if not processes:
             return
         for process in processes:
