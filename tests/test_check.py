@@ -632,6 +632,7 @@ _RING = 7 * 2 * 1 * 32 * 4096 * 128 * 2  # N−1 steps × (keys + values) × b·
     (_RING * 8, "wrong", "the total over all 8 GPUs"),
     (_RING * 3 // 2, "wrong", "the queries too"),
     (_RING * 2, "wrong", "4 bytes a value"),
+    (_RING * 3, "wrong", "forward and backward passes together"),
     (3, "wrong", "Count the steps"),
     (None, "unsolved", "number of bytes"),
 ])

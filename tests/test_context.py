@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import run_fresh
-from mgpu_edu import context, gpt, quiet
+from mgpu_edu import context, gpt, graphs, planner, quiet
 
 tf = quiet.import_tensorflow()
 
@@ -36,6 +36,61 @@ def test_ring_attention_equals_one_device(four_devices, n, causal, layout):
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=2e-6)
     for g, w in zip(grads, want_grads, strict=True):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("layout", context.LAYOUTS)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_backward_ring_equals_one_device(four_devices, n, causal, layout):
+    """ring_attention_backward's gradients against a tape's over the one-device attention; its bytes are twice
+    the forward's, and both are what formula_bytes says."""
+    q, k, v = qkv(24, seed=n)
+    upstream = tf.constant(np.random.default_rng(9).standard_normal(q.shape), q.dtype)
+    with tf.GradientTape() as tape:
+        tape.watch([q, k, v])
+        out = gpt.attention(q, k, v, causal=causal)
+    want = tape.gradient(out, [q, k, v], output_gradients=upstream)
+    got, trace = context.ring_attention_backward(q, k, v, upstream, four_devices[:n], causal=causal, layout=layout,
+                                                 trace=True)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=2e-6)
+    _, forward = context.ring_attention(q, k, v, four_devices[:n], causal=causal, layout=layout, trace=True)
+    kv_block = 2 * 2 * 3 * (24 // n) * 8 * 4  # one device's keys and values, float32
+    assert forward.bytes_sent == [(n - 1) * kv_block] * n == [context.formula_bytes(n, 2, 3, 24, 8)] * n
+    assert trace.bytes_sent == trace.bytes_received == [2 * (n - 1) * kv_block] * n
+    assert trace.bytes_sent == [context.formula_bytes(n, 2, 3, 24, 8, backward=True)] * n
+    assert trace.blocks == forward.blocks and trace.steps == (n if n > 1 else 0)
+
+
+def test_the_backward_ring_runs_on_every_device_and_sends_what_its_trace_says(four_devices):
+    """Traced by TensorFlow: every device runs gradient ops (a tape's name no device), and the bytes each device
+    receives from the others are the recomputed forward ring's and the backward ring's, plus, on device 0, the
+    gradients' chunks it puts together; less one key/value block, as both rings' first step sends the same
+    tensor, which a graph copies once."""
+    q, k, v = qkv(32)
+    upstream = tf.constant(np.random.default_rng(9).standard_normal(q.shape), q.dtype)
+    ops = graphs.op_devices(lambda *x: x, lambda x: context.ring_attention_backward(*x, four_devices), q, k, v,
+                            upstream)
+    assert {graphs.short_device(d) for d in four_devices} <= set(ops["backward"])
+    received = graphs.bytes_between_devices(lambda *x: context.ring_attention_backward(*x, four_devices), q, k, v,
+                                            upstream)
+    _, forward = context.ring_attention(q, k, v, four_devices, trace=True)
+    _, backward = context.ring_attention_backward(q, k, v, upstream, four_devices, trace=True)
+    ring = [f + b for f, b in zip(forward.bytes_received, backward.bytes_received, strict=True)]
+    chunk = 2 * 3 * 8 * 8 * 4  # one device's share of dq, dk or dv; its keys and values are two
+    assert ring == [3 * 2 * chunk + 6 * 2 * chunk] * 4  # forward: 3 blocks; backward: 3 blocks and 3 gradients
+    assert [received[graphs.short_device(d)] for d in four_devices] == [
+        ring[0] - 2 * chunk + 3 * 3 * chunk, *(r - 2 * chunk for r in ring[1:])]
+
+
+def test_the_planners_context_bytes_are_the_rings_forward_and_backward(four_devices):
+    """The planner counts 3(C − 1) key/value blocks per layer: one round forward, two backward."""
+    q, k, v = qkv(32, batch=1, heads=4, dim=8)
+    _, forward = context.ring_attention(q, k, v, four_devices, trace=True)
+    _, backward = context.ring_attention_backward(q, k, v, q, four_devices, trace=True)
+    model = planner.Model(layers=1, hidden=32, heads=4, seq=32, vocab=64)
+    sent = planner.predict(model, planner.Layout(1, 1, 1, context=4), precision="fp32").sent["context"]
+    assert sent == forward.bytes_sent[0] + backward.bytes_sent[0] == 3 * forward.bytes_sent[0]
 
 
 def test_float64_agrees_to_rounding(four_devices):
@@ -107,24 +162,39 @@ def test_bad_inputs_are_named(four_devices):
         context.ring_attention(q, k[:, :, :8], v, four_devices[:2])
     with pytest.raises(ValueError, match="at least one device"):
         context.ring_attention(q, k, v, [])
+    with pytest.raises(ValueError, match="sequence length 10, which doesn't cut into N = 4 blocks"):
+        context.ring_attention_backward(q, k, v, q, four_devices)
+    with pytest.raises(ValueError, match=r"gradient, shaped like q \[2, 3, 10, 8\]; got \[2, 3, 8, 8\]"):
+        context.ring_attention_backward(q, k, v, q[:, :, :8], four_devices[:2])
 
 
 @pytest.mark.processes
 def test_up_to_eight_devices_in_a_fresh_process():
+    """N = 5 to 8, both layouts, causal and not: outputs and the backward ring's gradients against one device."""
     out = run_fresh("""
         import numpy as np
         import tensorflow as tf
         from mgpu_edu import context, gpt, setup_devices
-        layout = setup_devices(8, verbose=False)
+        devices = list(setup_devices(8, verbose=False))
         rng = np.random.default_rng(4)
-        q, k, v = (tf.constant(rng.standard_normal((1, 2, 48, 4)), tf.float64) for _ in range(3))
-        worst = 0.0
-        for n in (5, 6, 8):
+        worst, sent = 0.0, {}
+        for n in (5, 6, 7, 8):
+            seq = 4 * n  # cuts into N blocks and 2N chunks
+            q, k, v, up = (tf.constant(rng.standard_normal((1, 2, seq, 4)), tf.float64) for _ in range(4))
             for layout_name in ("contiguous", "zigzag"):
-                if 48 % (n if layout_name == "contiguous" else 2 * n):
-                    continue
-                got = context.ring_attention(q, k, v, list(layout)[:n], layout=layout_name)
-                worst = max(worst, float(np.max(np.abs(got.numpy() - gpt.attention(q, k, v).numpy()))))
-        result = worst
+                for causal in (True, False):
+                    with tf.GradientTape() as tape:
+                        tape.watch([q, k, v])
+                        want = gpt.attention(q, k, v, causal=causal)
+                    wants = tape.gradient(want, [q, k, v], output_gradients=up)
+                    got = context.ring_attention(q, k, v, devices[:n], causal=causal, layout=layout_name)
+                    grads, trace = context.ring_attention_backward(q, k, v, up, devices[:n], causal=causal,
+                                                                   layout=layout_name, trace=True)
+                    worst = max(worst, float(np.max(np.abs(got.numpy() - want.numpy()))),
+                                *(float(np.max(np.abs(g.numpy() - w.numpy()))) for g, w in zip(grads, wants)))
+                    sent[n] = trace.bytes_sent
+        result = {"worst": worst, "sent": sent}
     """)
-    assert out["result"] < 1e-12
+    assert out["result"]["worst"] < 1e-12
+    for n, sent in out["result"]["sent"].items():  # (N − 1) blocks and their gradients, 2 · 1 · 2 · 4 · 4 values each
+        assert sent == [2 * (int(n) - 1) * 2 * 2 * 4 * 4 * 8] * int(n)

@@ -204,3 +204,61 @@ def test_step_memory_on_a_cpu_says_what_the_allocator_misses(onednn, bfc):
         tensorflows, ours = out["errors"]
         assert "Allocator stats not available" in tensorflows
         assert "device='CPU:0'" in ours and "keeps no memory counts" in ours and "TF_CPU_ALLOCATOR_USE_BFC=true" in ours
+
+
+@pytest.mark.processes
+def test_selective_recomputation_of_the_tiny_gpt_measured_with_tensorflows_allocator():
+    """Lesson 13's numbers. Recomputing the attention cores (selective) or whole blocks (full) leaves every
+    gradient as it was. Traced, selective recomputation frees exactly the formula's 5·a·s/h term, one block of
+    scores (the softmax) per transformer block; eagerly, read from the allocator, it frees about three per block,
+    the tensors an eager tape keeps around the scores: the unscaled scores (a division's gradient reads its
+    dividend), the scaled ones (an addition that may broadcast reads its inputs' shapes) and the softmax (read by
+    its own gradient); a softmax's input and a division's output are not kept. The allocator rounds each tensor
+    up to a chunk of its pool, so eager readings are checked loosely; after a first step, they repeat."""
+    out = run_fresh("""
+        import os
+        os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+        from mgpu_edu import data, devices, gpt, graphs, memory, models, tradeoffs
+        devices.setup_devices(4, verbose=False)
+        import tensorflow as tf
+        S, B, H, A, L = 128, 8, 32, 4, 2
+        model = models.tiny_gpt(vocab=26, seq_len=S, hidden=H, heads=A, layers=L, seed=0)
+        text = data.skip_text(n=16, length=S)
+        tokens, targets = tf.constant(text.x_train[:B]), tf.constant(text.y_train[:B])
+        weights = model.weights_by_name()
+        names = list(weights)
+        grads, traced, formula = {}, {}, {}
+        for recompute in gpt.RECOMPUTE:
+            def step(*values, recompute=recompute):
+                with tf.GradientTape() as tape:
+                    tape.watch(values)
+                    loss = gpt.next_token_loss(gpt.forward(dict(zip(names, values)), tokens, A, recompute), targets)
+                return tape, loss, values
+            tape, loss, values = step(*weights.values())
+            grads[recompute] = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, list(values))]
+            kept = graphs.kept_for_backward(step, lambda r: r[0].gradient(r[1], list(r[2])), *weights.values())
+            traced[recompute] = sum(k.nbytes for k in kept)
+            formula[recompute] = L * memory.transformer_activations(S, B, H, A, recompute=recompute,
+                                                                    bytes_per_value=4, dropout=False)
+        worst = max(float(abs(a - b).max()) for r in gpt.RECOMPUTE for a, b in zip(grads[r], grads["none"]))
+        tradeoffs.gpt_step_memory(model, tokens, targets)  # the one-time buffers
+        runs = [[tradeoffs.gpt_step_memory(model, tokens, targets, r).kept for r in gpt.RECOMPUTE] for _ in range(2)]
+        x, mask = tf.random.normal([B, A, S, S]), tf.random.normal([S, S])
+        ops = {"scale, mask": lambda x: x / 3.0 + mask, "scale, softmax": lambda x: tf.nn.softmax(x / 3.0),
+               "mask, softmax": lambda x: tf.nn.softmax(x + mask), "product, scale": lambda x: tf.matmul(x, x) / 3.0}
+        kept_ops = {name: tradeoffs.kept_by(fn, x) for name, fn in ops.items()}
+        result = {"worst": worst, "traced": traced, "formula": formula, "runs": runs, "ops": kept_ops,
+                  "scores": B * A * S * S * 4, "layers": L}
+    """)["result"]
+    assert out["worst"] < 1e-6
+    traced, formula, scores, layers = out["traced"], out["formula"], out["scores"], out["layers"]
+    assert traced["none"] - traced["selective"] == formula["none"] - formula["selective"] == layers * scores
+    assert traced["full"] < traced["selective"]
+    first, second = out["runs"]
+    for a, b in zip(first, second, strict=True):
+        assert abs(a - b) <= 0.01 * b  # eager readings repeat
+    none, selective, full = second
+    assert full < 0.2 * selective < 0.7 * 0.2 * none
+    assert 2.5 < (none - selective) / (layers * scores) < 4  # about three per block
+    ops = {name: round(kept / scores, 1) for name, kept in out["ops"].items()}
+    assert ops == {"scale, mask": 1.0, "scale, softmax": 0.0, "mask, softmax": 0.0, "product, scale": 1.0}

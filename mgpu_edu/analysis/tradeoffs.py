@@ -269,3 +269,53 @@ def micro_batch_sizes(batch: int, micro_batch: int) -> list[int]:
                      hint=f"It is examples per micro-batch, at most the batch's {total}.")
     return [b] * (total // b) + ([total % b] if total % b else [])
 
+
+def gpt_step_memory(model: Any, tokens: Any, targets: Any, recompute: str = "none",
+                    device: str | None = None) -> StepMemory:
+    """One eager training step of the tiny GPT (:func:`gpt.forward`) with every block's ``recompute``
+    (:data:`gpt.RECOMPUTE`), read from TensorFlow's allocator as :func:`step_memory` reads it: ``kept`` when
+    the forward pass ends, ``peak`` over the step, ``gradients`` at its end; no timeline.
+
+    Example:
+        >>> gpt_step_memory(model, tokens, targets, "selective").kept  # doctest: +SKIP
+    """
+    tf = quiet.import_tensorflow()
+    from mgpu_edu.workloads import gpt
+
+    one_of("recompute", recompute, gpt.RECOMPUTE)
+    device = _memory_device(device)
+    info = tf.config.experimental.get_memory_info
+    gc.collect()
+    with tf.device(device):
+        base = info(device)["current"]
+        tf.config.experimental.reset_memory_stats(device)
+        with tf.GradientTape() as tape:
+            logits = gpt.forward(model.weights_by_name(), tokens, model.heads, recompute)
+            loss = gpt.next_token_loss(logits, targets)
+        kept = info(device)["current"] - base
+        grads = tape.gradient(loss, model.trainable_variables)
+        peak = info(device)["peak"] - base
+        held = info(device)["current"] - base
+    del grads, tape, logits, loss
+    return StepMemory(int(kept), int(peak), int(held), [])
+
+
+def kept_by(fn: Callable[..., Any], *inputs: Any, device: str | None = None) -> int:
+    """Bytes TensorFlow's allocator holds for the backward pass after ``fn(*inputs)`` runs eagerly under a
+    ``tf.GradientTape`` watching ``inputs``: what the tape keeps, the output itself not counted.
+
+    Example:
+        >>> kept_by(gpt.attention, q, k, v)  # doctest: +SKIP
+    """
+    tf = quiet.import_tensorflow()
+    device = _memory_device(device)
+    info = tf.config.experimental.get_memory_info
+    gc.collect()
+    with tf.device(device):
+        base = info(device)["current"]
+        with tf.GradientTape() as tape:
+            tape.watch(list(inputs))
+            out = fn(*inputs)
+        kept = info(device)["current"] - base - out.shape.num_elements() * out.dtype.size
+    del tape, out
+    return int(kept)

@@ -889,7 +889,7 @@ def ring_attention_bytes(answer: Any, n: int, batch: int, heads: int, seq: int, 
     expected = (n - 1) * 2 * block
     return _judge(answer, expected, f"{expected:,.0f} bytes: N−1 = {n - 1} steps, each sending the key block and "
                   f"the value block the device holds, {block:,} bytes each ({2 * block:,} a step). The backward "
-                  "pass sends at least as much again.", [
+                  "pass sends twice as much: the blocks go round again, and their gradients once.", [
                       (expected / 2, "that is half of it: the keys only (each step passes the value block too), or "
                                      "a count of values rather than bytes."),
                       (n * 2 * block, f"that is N steps. A device starts with its own block: N−1 = {n - 1} sends "
@@ -900,7 +900,9 @@ def ring_attention_bytes(answer: Any, n: int, batch: int, heads: int, seq: int, 
                       (expected * 3 / 2, "that sends the queries too: they stay on their device; only the keys and "
                                          "values travel."),
                       (expected * 4 / itemsize, f"that is twice it: 4 bytes a value (the question's take {itemsize}), "
-                                                "or the backward pass as well (the question asks for the forward).")],
+                                                "or the backward pass alone (the question asks for the forward)."),
+                      (expected * 3, "that is the forward and backward passes together (the backward sends twice "
+                                     "the forward's bytes); the question asks for the forward.")],
                   ". Count the steps round the ring, and what one device sends at each: its current key and value "
                   "block, b·heads·(s/N)·head_dim values each.", abs_tol=0.5)
 

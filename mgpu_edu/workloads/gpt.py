@@ -42,12 +42,14 @@ def dense(x: Any, w: Any) -> Any:
     return tf.einsum("sbi,io->sbo", x, w)
 
 
-def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int) -> Any:
+def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, recompute: bool = False) -> Any:
     """Causal multi-head attention of ``x`` ([s, b, hidden]) before its output projection: [s, b, heads·d_head].
 
     ``wq``, ``wk`` and ``wv`` are [hidden, heads·d_head], their columns grouped head by head, so
     the first d_head columns are head 0's: a device that holds some heads' columns runs exactly
-    those heads. Position i attends to positions 0…i.
+    those heads. Position i attends to positions 0…i. With ``recompute``, the attention core
+    (:func:`attention`: the scores, their softmax and its product with v) keeps only q, k and v for the
+    backward pass, and runs again there (``tf.recompute_grad``): selective recomputation.
     """
     s, b = tf.shape(x)[0], tf.shape(x)[1]
     width = wq.shape[-1]
@@ -56,7 +58,8 @@ def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int) -> Any:
     def split(w: Any) -> Any:  # [s, b, heads·d] → [b, heads, s, d]
         return tf.transpose(tf.reshape(dense(x, w), [s, b, heads, d_head]), [1, 2, 0, 3])
 
-    out = attention(split(wq), split(wk), split(wv))  # [b, heads, s, d]
+    core = tf.recompute_grad(attention) if recompute else attention
+    out = core(split(wq), split(wk), split(wv))  # [b, heads, s, d]
     return tf.reshape(tf.transpose(out, [2, 0, 1, 3]), [s, b, width])
 
 
@@ -76,9 +79,22 @@ def mlp(x: Any, w1: Any, b1: Any, w2: Any) -> Any:
     return dense(tf.nn.gelu(dense(x, w1) + b1), w2)
 
 
-def block(x: Any, w: dict[str, Any], heads: int) -> Any:
-    """One pre-LayerNorm transformer block on ``x`` ([s, b, hidden]) with weights ``w`` (names: BLOCK_WEIGHTS)."""
-    attended = causal_attention(layer_norm(x, w["ln1_gamma"], w["ln1_beta"]), w["wq"], w["wk"], w["wv"], heads)
+RECOMPUTE = ("none", "selective", "full")  #: what a block recomputes in the backward pass (see :func:`block`)
+
+
+def block(x: Any, w: dict[str, Any], heads: int, recompute: str = "none") -> Any:
+    """One pre-LayerNorm transformer block on ``x`` ([s, b, hidden]) with weights ``w`` (names: BLOCK_WEIGHTS).
+
+    ``recompute``: ``"none"`` keeps what autodiff keeps; ``"selective"`` recomputes the attention core
+    (Korthikanti et al., 2022: what grows as the sequence's square costs few FLOPs to redo); ``"full"`` keeps
+    only the block's input and runs the whole block again in the backward pass.
+    """
+    if recompute == "full":
+        names = list(w)
+        rerun = tf.recompute_grad(lambda x, *values: block(x, dict(zip(names, values, strict=True)), heads))
+        return rerun(x, *(tf.convert_to_tensor(w[name]) for name in names))
+    attended = causal_attention(layer_norm(x, w["ln1_gamma"], w["ln1_beta"]), w["wq"], w["wk"], w["wv"], heads,
+                                recompute=recompute == "selective")
     x = x + dense(attended, w["wo"]) + w["bo"]
     return x + mlp(layer_norm(x, w["ln2_gamma"], w["ln2_beta"]), w["w1"], w["b1"], w["w2"]) + w["b2"]
 
@@ -94,21 +110,22 @@ def head_logits(x: Any, gamma: Any, beta: Any, head: Any) -> Any:
     return tf.transpose(dense(layer_norm(x, gamma, beta), head), [1, 0, 2])
 
 
-def forward(weights: dict[str, Any], tokens: Any, heads: int) -> Any:
+def forward(weights: dict[str, Any], tokens: Any, heads: int, recompute: str = "none") -> Any:
     """TinyGPT's logits [b, s, vocab] from its weights by name (``TinyGPT.weights_by_name``), as one function.
 
     The same ops as calling the model, on whatever tensors ``weights`` holds: plain tensors on one
-    device, or DTensors laid out on a mesh (lesson 15).
+    device, or DTensors laid out on a mesh (lesson 15). ``recompute`` is every block's (:func:`block`).
     """
-    x = run_blocks(weights, embed(tokens, weights["token_embedding"], weights["position_embedding"]), heads)
+    x = run_blocks(weights, embed(tokens, weights["token_embedding"], weights["position_embedding"]), heads,
+                   recompute)
     return head_logits(x, weights["final_gamma"], weights["final_beta"], weights["lm_head"])
 
 
-def run_blocks(weights: dict[str, Any], x: Any, heads: int) -> Any:
+def run_blocks(weights: dict[str, Any], x: Any, heads: int, recompute: str = "none") -> Any:
     """Every block whose weights ``weights`` holds ("block0/wq", ...), in order, on ``x`` ([s, b, hidden])."""
     layers = sorted({name.split("/")[0] for name in weights if name.startswith("block")}, key=lambda b: int(b[5:]))
     for layer in layers:
-        x = block(x, {name: weights[f"{layer}/{name}"] for name in BLOCK_WEIGHTS}, heads)
+        x = block(x, {name: weights[f"{layer}/{name}"] for name in BLOCK_WEIGHTS}, heads, recompute)
     return x
 
 
