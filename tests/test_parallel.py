@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mgpu_edu import models, parallel
+from mgpu_edu import models, parallel, quiet
 from mgpu_edu.parallelism.parallel import shard_sizes, split_batch
 
 
@@ -151,3 +151,19 @@ def test_errors_name_the_callers_own_arguments(four_devices):
         parallel.combine_towers([])
     with pytest.raises(ValueError, match="weighting='median' is not one of"):
         parallel.combine_towers([], weighting="median")
+
+
+def test_the_timed_graph_orders_the_devices_by_data_only(four_devices):
+    """Lesson 01 §2: traced with tf.function, each device's first timestamp waits for the previous device's work
+    (stateful ops kept in program order): N − 1 waits; with wrap_function, as timed_on_devices builds it, none."""
+    tf = quiet.import_tensorflow()
+    shards = []
+    for i, device in enumerate(four_devices):
+        with tf.device(device):
+            shards.append(tf.random.stateless_normal((8, 8), seed=(i, 0)))
+    work = lambda m: tf.reduce_sum(tf.matmul(m, m))  # noqa: E731
+    for n in (1, 2, 4):
+        assert parallel.waits_between_devices(work, shards[:n], four_devices[:n], "tf.function") == n - 1
+        assert parallel.waits_between_devices(work, shards[:n], four_devices[:n]) == 0
+    with pytest.raises(ValueError, match="builder='jit'"):
+        parallel.waits_between_devices(work, shards, four_devices, "jit")

@@ -211,20 +211,7 @@ def timed_on_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices:
     devices = _device_list(devices)
     if len(shards) != len(devices):
         raise ValueError(f"got {len(shards)} shards for {len(devices)} devices: pass one shard per device.")
-
-    def run(*inputs: Any) -> tuple[Any, Any]:
-        outputs, stamps = [], []
-        for device, shard in zip(devices, inputs, strict=True):  # a Python loop: unrolled, one copy per device
-            with tf.device(device):
-                start = tf.timestamp()
-                with tf.control_dependencies([start]):
-                    result = work(tf.identity(shard))
-                with tf.control_dependencies([result]):
-                    end = tf.timestamp()
-            outputs.append(tf.cast(result, tf.float32))
-            stamps.append(tf.stack([start, end]))
-        return outputs, tf.stack(stamps)
-
+    run = timestamped(work, devices)
     if graph:
         # tf.function would keep stateful ops such as tf.timestamp in program order, which
         # serialises the very timeline we want to see; wrap_function builds the same graph
@@ -238,6 +225,64 @@ def timed_on_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices:
     stamps = stamps.numpy() - t0
     spans = [Span(d, float(s), float(e)) for d, (s, e) in zip(devices, stamps, strict=True)]
     return results, spans
+
+
+def timestamped(work: Callable[[Any], Any], devices: list[str]) -> Callable[..., tuple[Any, Any]]:
+    """What :func:`timed_on_devices` runs: a function of one shard per device that runs ``work`` on each shard
+    on its device between two ``tf.timestamp()`` ops, and returns the outputs and the [start, end] stamps."""
+    tf = quiet.import_tensorflow()
+
+    def run(*inputs: Any) -> tuple[Any, Any]:
+        outputs, stamps = [], []
+        for device, shard in zip(devices, inputs, strict=True):  # a Python loop: unrolled, one copy per device
+            with tf.device(device):
+                start = tf.timestamp()
+                with tf.control_dependencies([start]):
+                    result = work(tf.identity(shard))
+                with tf.control_dependencies([result]):
+                    end = tf.timestamp()
+            outputs.append(tf.cast(result, tf.float32))
+            stamps.append(tf.stack([start, end]))
+        return outputs, tf.stack(stamps)
+    return run
+
+
+def waits_between_devices(work: Callable[[Any], Any], shards: Sequence[Any], devices: Sequence[str],
+                          builder: str = "wrap_function") -> int:
+    """How many devices' work must wait for another device's, in the graph :func:`timed_on_devices` runs.
+
+    Traces it (nothing runs) with ``builder``: ``"wrap_function"``, as ``timed_on_devices(graph=True)`` does,
+    or ``"tf.function"``, which keeps stateful ops such as ``tf.timestamp`` in program order. Counts the devices
+    whose first timestamp has, among the ops it waits for (its inputs and control inputs, and theirs), an op
+    placed on another device.
+
+    Example:
+        >>> waits_between_devices(work, shards, layout), waits_between_devices(work, shards, layout, "tf.function")
+        (0, 3)  # doctest: +SKIP
+    """
+    tf = quiet.import_tensorflow()
+    one_of("builder", builder, ("wrap_function", "tf.function"))
+    devices = _device_list(devices)
+    specs = [tf.TensorSpec.from_tensor(s) for s in shards]
+    run = timestamped(work, devices)
+    if builder == "tf.function":
+        ops = tf.function(run).get_concrete_function(*specs).graph.get_operations()
+    else:
+        ops = tf.compat.v1.wrap_function(run, specs).graph.get_operations()
+    starts = [op for op in ops if op.type == "Timestamp"][::2]  # each device's first
+
+    count = 0
+    for start in starts:
+        seen, todo = set(), [start]
+        while todo:
+            current = todo.pop()
+            for before in [t.op for t in current.inputs] + list(current.control_inputs):
+                if before not in seen:
+                    seen.add(before)
+                    todo.append(before)
+        own = start.device
+        count += any(op.device and op.device != own for op in seen)
+    return count
 
 
 def overlap_fraction(spans: Sequence[Span]) -> float:
