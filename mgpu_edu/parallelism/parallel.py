@@ -256,9 +256,9 @@ def waits_between_devices(work: Callable[[Any], Any], shards: Sequence[Any], dev
     whose first timestamp has, among the ops it waits for (its inputs and control inputs, and theirs), an op
     placed on another device.
 
-    Example:
-        >>> waits_between_devices(work, shards, layout), waits_between_devices(work, shards, layout, "tf.function")
-        (0, 3)  # doctest: +SKIP
+    Example (four devices):
+        >>> [waits_between_devices(work, shards, layout, b) for b in ("wrap_function", "tf.function")]  # doctest: +SKIP
+        [0, 3]
     """
     tf = quiet.import_tensorflow()
     one_of("builder", builder, ("wrap_function", "tf.function"))
