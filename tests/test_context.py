@@ -70,8 +70,11 @@ def test_the_backward_ring_runs_on_every_device_and_sends_what_its_trace_says(fo
     q, k, v = qkv(32)
     upstream = tf.constant(np.random.default_rng(9).standard_normal(q.shape), q.dtype)
     ops = graphs.op_devices(lambda *x: x, lambda x: context.ring_attention_backward(*x, four_devices), q, k, v,
-                            upstream)
-    assert {graphs.short_device(d) for d in four_devices} <= set(ops["backward"])
+                            upstream, scope="block_gradients")
+    assert set(ops["backward"]) == {graphs.short_device(d) for d in four_devices}  # the gradients' products
+    per_device = [ops["backward"][graphs.short_device(d)] for d in four_devices]  # causal: 1, 2, 3, 4 products,
+    diagonal, other = per_device[0], per_device[1] - per_device[0]  # the first with the mask's ops
+    assert other > 0 and per_device == [diagonal + (b - 1) * other for b in context.blocks_computed(4)]
     received = graphs.bytes_between_devices(lambda *x: context.ring_attention_backward(*x, four_devices), q, k, v,
                                             upstream)
     _, forward = context.ring_attention(q, k, v, four_devices, trace=True)

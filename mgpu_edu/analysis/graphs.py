@@ -160,13 +160,18 @@ def _feeding(outputs: Any, made: set[Any]) -> set[Any]:
     return live
 
 
-def op_devices(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any) -> dict[str, dict[str, int]]:
+def op_devices(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: Any,
+               scope: str | None = None) -> dict[str, dict[str, int]]:
     """Where the ops of a traced forward and backward pass ask to run: {"forward": {device: ops},
     "backward": {device: ops}}, "" for an op that names no device (TensorFlow then places it itself).
-    Constants and inputs are not counted."""
+    Constants and inputs are not counted; with ``scope``, only ops made under a name scope of that name
+    (at any depth, "_1", "_2" ignored)."""
     traced = trace(forward, backward, *inputs)
     counts: dict[str, dict[str, int]] = {"forward": collections.Counter(), "backward": collections.Counter()}
     for op in traced.ops:
+        if scope is not None and scope not in {part.rpartition("_")[0] if part.rpartition("_")[2].isdigit() else part
+                                               for part in op.name.split("/")[:-1]}:
+            continue
         if op.type not in ("Const", "Placeholder"):
             counts["forward" if op in traced.made else "backward"][short_device(op.device)] += 1
     return {phase: dict(sorted(c.items())) for phase, c in counts.items()}

@@ -294,14 +294,16 @@ def block_gradients(q: Any, k: Any, v: Any, d_out: Any, log_sum: Any, delta: Any
     every key (``peak + log(total)`` from :func:`fold_block`), and ``delta`` each query's Σ d_out·out. The
     block's probabilities come back from its scores without the other blocks: p = exp(scores − log_sum). Then
     dv = pᵀ·d_out, and through the softmax ds = p ∘ (d_out·vᵀ − delta), dq = ds·k·scale, dk = dsᵀ·q·scale
-    (FlashAttention's backward pass, Dao et al., 2022, Algorithm 4).
+    (FlashAttention's backward pass, Dao et al., 2022, Algorithm 4; one kept log-sum per query, rather than
+    the maximum and the sum, as FlashAttention-2 keeps it, Dao, 2023).
     """
     tf = quiet.import_tensorflow()
-    scores = _scores(q, k, scale, diagonal)
-    p = tf.exp(scores - log_sum)  # this block's softmax probabilities, exactly the forward pass's
-    ds = p * (tf.matmul(d_out, v, transpose_b=True) - delta)  # the gradient of the scores
-    return (tf.matmul(ds, k) * scale, tf.matmul(ds, q, transpose_a=True) * scale,
-            tf.matmul(p, d_out, transpose_a=True))
+    with tf.name_scope("block_gradients"):  # what op_devices(scope="block_gradients") finds, device by device
+        scores = _scores(q, k, scale, diagonal)
+        p = tf.exp(scores - log_sum)  # this block's softmax probabilities, exactly the forward pass's
+        ds = p * (tf.matmul(d_out, v, transpose_b=True) - delta)  # the gradient of the scores
+        return (tf.matmul(ds, k) * scale, tf.matmul(ds, q, transpose_a=True) * scale,
+                tf.matmul(p, d_out, transpose_a=True))
 
 
 def fold_block(state: tuple[Any, Any, Any], q: Any, k: Any, v: Any, scale: float, diagonal: bool = False) -> tuple:
