@@ -154,7 +154,8 @@ class BatchPlan:
                      f"{split}, and Keras 3's fit fails when its first batch splits unevenly.")
             if self.examples < self.replicas:
                 return (f"{start} Fewer examples than replicas split unevenly whatever the batch: use at least "
-                        f"{self.replicas} (a multiple of {self.replicas}), or evaluate them without the strategy.")
+                        f"{self.replicas} examples (then a batch that is a multiple of {self.replicas} works), or "
+                        "evaluate them without the strategy.")
             return (f"{start} Choose a batch of at most {self.examples // self.replicas:,} per replica (for a "
                     f"validation set, fit's validation_batch_size, e.g. "
                     f"{self.examples // self.replicas * self.replicas:,}).")
