@@ -9,7 +9,8 @@ The package is laid out by role (CONTRIBUTING.md draws it):
 - ``mgpu_edu.workloads``: what they train: offline datasets and small Keras models;
 - ``mgpu_edu.parallelism``: the algorithms the lessons teach, one module each: all-reduce and the other
   collectives, data parallelism by hand, MirroredStrategy runs, model and pipeline parallelism, ZeRO
-  sharding, asynchronous staleness, tensor, context and expert parallelism, DTensor meshes, 3-D training;
+  sharding, asynchronous staleness, tensor, context and expert parallelism, DTensor meshes, 3-D training,
+  overlap;
 - ``mgpu_edu.analysis``: models and measurements of cost: memory, time, recomputation, checkpoints, the
   traced graph, and a planner that chooses a layout;
 - ``mgpu_edu.display``: what learners see: drawings (matplotlib), widgets (ipywidgets), shown source
@@ -45,8 +46,8 @@ __version__ = "0.1.0"
 MODULES = {
     **dict.fromkeys(("cluster", "devices", "env", "processes", "quiet", "renames", "strategies"), "runtime"),
     **dict.fromkeys(("data", "gpt", "models"), "workloads"),
-    **dict.fromkeys(("allreduce", "collectives", "context", "experts", "meshes", "mirrored", "parallel", "pipeline",
-                    "sharding", "staleness", "tensor", "threed"), "parallelism"),
+    **dict.fromkeys(("allreduce", "collectives", "context", "experts", "meshes", "mirrored", "overlap", "parallel",
+                    "pipeline", "sharding", "staleness", "tensor", "threed"), "parallelism"),
     **dict.fromkeys(("costmodel", "graphs", "memory", "perf", "planner", "recovery", "tradeoffs"), "analysis"),
     **dict.fromkeys(("check", "source", "viz", "widgets"), "display"),
     **dict.fromkeys(("answers", "assignments", "cli", "doctor", "grading", "markers", "preprocessors", "sandbox"),

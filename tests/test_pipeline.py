@@ -272,3 +272,46 @@ def test_the_interleaved_schedule_refuses_one_chunk_or_an_uneven_batch():
         pipeline.interleaved_schedule(4, 8, 1)
     with pytest.raises(ValueError, match="micro_batches=6"):
         pipeline.interleaved_schedule(4, 6, 2)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("micro_batches", [1, 2, 4, 8, 16])
+def test_zero_bubble_against_the_papers_table(stages, micro_batches):
+    """Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), Table 2, with T_F = T_B = T_W = 1: 1F1B's bubble
+    (P − 1)(T_F + T_B + T_W), ZB-H1's (P − 1)(T_F + T_B − T_W), both with 1F1B's P − s micro-batches in flight
+    (peak activations P·M_B). The table's schedules assume M ≥ P; with fewer, ZB-H1 still does no worse."""
+    p, m = stages, micro_batches
+    whole, split = pipeline.zero_bubble_schedule(p, m, split=False), pipeline.zero_bubble_schedule(p, m)
+    for events in (whole, split):
+        assert sorted((e.stage, e.micro_batch, e.phase) for e in events) == sorted(
+            (s, i, phase) for s in range(p) for i in range(m) for phase in "FBW")
+        for s in range(p):  # one event at a time per stage
+            slots = sorted(e.start for e in events if e.stage == s)
+            assert len(slots) == len(set(slots)) == 3 * m
+        done = {(e.stage, e.micro_batch, e.phase): e.end for e in events}
+        for e in events:  # every event after what it needs
+            needs = {"F": [(e.stage - 1, e.micro_batch, "F")] if e.stage else [],
+                     "B": [(e.stage, e.micro_batch, "F")] + ([(e.stage + 1, e.micro_batch, "B")]
+                                                             if e.stage < p - 1 else []),
+                     "W": [(e.stage, e.micro_batch, "B")]}[e.phase]
+            assert all(done[n] <= e.start for n in needs)
+        assert pipeline.in_flight_peaks([e for e in events if e.phase != "W"]) == [min(p - s, m) for s in range(p)]
+    for e in whole:  # a whole backward: W right after its B, and the stage before waits for both
+        if e.phase == "B" and e.stage > 0:
+            assert done_of(whole, e.stage, e.micro_batch, "W") <= start_of(whole, e.stage - 1, e.micro_batch, "B")
+    makespan = {name: max(e.end for e in events) for name, events in (("1f1b", whole), ("zb-h1", split))}
+    assert makespan["1f1b"] == 3 * m + 3 * (p - 1)
+    assert makespan["zb-h1"] <= makespan["1f1b"]
+    if m >= p:
+        assert makespan["zb-h1"] == 3 * m + (p - 1)
+        for name, ratio in (("1f1b", pipeline.zero_bubble_ratio(p, m, split=False)),
+                            ("zb-h1", pipeline.zero_bubble_ratio(p, m))):
+            assert (makespan[name] - 3 * m) / (3 * m) == pytest.approx(ratio)
+
+
+def done_of(events, stage, micro_batch, phase):
+    return next(e.end for e in events if (e.stage, e.micro_batch, e.phase) == (stage, micro_batch, phase))
+
+
+def start_of(events, stage, micro_batch, phase):
+    return next(e.start for e in events if (e.stage, e.micro_batch, e.phase) == (stage, micro_batch, phase))

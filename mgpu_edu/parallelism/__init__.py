@@ -3,6 +3,7 @@
 (``parallel``), MirroredStrategy runs (``mirrored``), model and pipeline parallelism (``pipeline``), ZeRO
 sharding (``sharding``), tensor and sequence parallelism of a transformer (``tensor``), context parallelism
 (``context``: ring attention), expert parallelism (``experts``), DTensor meshes and layouts (``meshes``),
-data × tensor × pipeline training (``threed``) and what
+data × tensor × pipeline training (``threed``), communication hidden behind computation (``overlap``: a
+collective matmul) and what
 asynchronous training's staleness does (``staleness``). Those that run
 TensorFlow are checked against the one-device computation in tests/."""

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from mgpu_edu._validate import BadArgument, one_of, real_number, whole_number
+from mgpu_edu._validate import BadArgument, one_of, positive_number, real_number, whole_number
 from mgpu_edu.analysis.memory import PRECISIONS, model_states
 from mgpu_edu.parallelism.allreduce import ring_allreduce
 from mgpu_edu.parallelism.parallel import shard_sizes, split_batch
@@ -211,6 +211,75 @@ def interleaved_schedule(stages: int, micro_batches: int, virtual_stages: int) -
                 events.append(ChunkEvent(s, c, i, phase, start, start + 1))
                 position[s] += 1
     return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def zero_bubble_schedule(stages: int, micro_batches: int, split: bool = True) -> list[Event]:
+    """A pipeline schedule whose backward pass is split in two, unit time each: "B", the input gradient the
+    previous stage waits for, and "W", the weights' gradient, which nothing downstream waits for.
+
+    With ``split`` (ZB-H1, Qi et al., 2024, "Zero Bubble Pipeline Parallelism", §2.1): each stage runs its
+    forwards and B passes in 1F1B's order, as early as their inputs are ready and with 1F1B's limit of
+    P − s micro-batches run forward and not yet B, and puts each W in a slot where nothing else can run, or
+    at the end. Without ``split``, each W runs right after its B and the previous stage's B waits for both,
+    as a whole backward pass (1F1B with a backward twice the forward). With T_F = T_B = T_W = 1 and
+    M ≥ P, the makespans are 3M + 3(P − 1) and 3M + (P − 1) slots: bubbles (P − 1)(T_F + T_B + T_W) and
+    (P − 1)(T_F + T_B − T_W), a third of it, as the paper's Table 2 says (:func:`zero_bubble_ratio`).
+
+    Example:
+        >>> [max(e.end for e in zero_bubble_schedule(4, 8, split)) for split in (False, True)]  # 3M + 3(P−1), 3M + P−1
+        [33, 27]
+    """
+    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    done: dict[tuple[int, int, str], int] = {}  # (stage, micro-batch, phase) -> the slot it ends
+    forward, backward = [0] * p, [0] * p  # the next micro-batch each stage runs forward, and B
+    waiting: list[list[int]] = [[] for _ in range(p)]  # micro-batches whose W a stage still owes
+    events: list[Event] = []
+    slot = 0
+
+    def ready(key: tuple[int, int, str]) -> bool:
+        return done.get(key, slot + 1) <= slot
+
+    while len(events) < 3 * p * m:
+        for s in range(p):  # one event per stage and slot
+            i, choice = backward[s], None
+            if not split and waiting[s]:
+                choice = ("W", waiting[s][0])  # the rest of the whole backward pass, at once
+            elif i < m and ready((s, i, "F")) and (s == p - 1 or ready((s + 1, i, "B" if split else "W"))):
+                choice = ("B", i)
+            elif forward[s] < m and forward[s] - backward[s] < p - s and (s == 0 or ready((s - 1, forward[s], "F"))):
+                choice = ("F", forward[s])
+            elif waiting[s]:
+                choice = ("W", waiting[s][0])
+            if choice is None:
+                continue
+            phase, i = choice
+            if phase == "B":
+                backward[s] += 1
+                waiting[s].append(i)
+            elif phase == "F":
+                forward[s] += 1
+            else:
+                waiting[s].pop(0)
+            done[(s, i, phase)] = slot + 1
+            events.append(Event(s, i, phase, slot, slot + 1))
+        slot += 1
+    return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def zero_bubble_ratio(stages: int, micro_batches: int, split: bool = True, forward: float = 1.0,
+                      input_grad: float = 1.0, weight_grad: float = 1.0) -> float:
+    """The bubble as a share of the ideal time, Qi et al.'s Table 2: (P − 1)(T_F + T_B − T_W) for ZB-H1, against
+    (P − 1)(T_F + T_B + T_W) for 1F1B (``split=False``), over the ideal M·(T_F + T_B + T_W).
+
+    Example:
+        >>> zero_bubble_ratio(4, 8, split=False), zero_bubble_ratio(4, 8)  # (P − 1)/M, and a third of it
+        (0.375, 0.125)
+    """
+    p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    for name, value in (("forward", forward), ("input_grad", input_grad), ("weight_grad", weight_grad)):
+        positive_number(name, value)
+    ideal = m * (forward + input_grad + weight_grad)
+    return (p - 1) * (forward + input_grad + (-weight_grad if split else weight_grad)) / ideal
 
 
 def in_flight_peaks(events: Sequence[Event | ChunkEvent]) -> list[int]:

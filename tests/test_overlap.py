@@ -1,0 +1,80 @@
+"""Hiding communication: the collective matmul against the all-gather and product it replaces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import run_fresh
+from mgpu_edu import collectives, overlap, quiet
+
+tf = quiet.import_tensorflow()
+
+
+def shards(devices, rows=12, k=6, n_cols=5, seed=0, dtype=tf.float32):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows * len(devices), k))
+    w = rng.standard_normal((k, n_cols * len(devices)))
+    xs, ws = [], []
+    for d, device in enumerate(devices):
+        with tf.device(device):
+            xs.append(tf.constant(x[d * rows:(d + 1) * rows], dtype))
+            ws.append(tf.constant(w[:, d * n_cols:(d + 1) * n_cols], dtype))
+    return x, w, xs, ws
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_collective_matmul_equals_gathering_then_multiplying(four_devices, n):
+    x, w, xs, ws = shards(four_devices[:n])
+    outputs, trace = overlap.collective_matmul(xs, ws, trace=True)
+    gathered, gather_trace = collectives.all_gather(xs, trace=True)
+    for d in range(n):
+        np.testing.assert_allclose(outputs[d].numpy(), x @ w[:, d * 5:(d + 1) * 5], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(outputs[d].numpy(), tf.matmul(gathered[d], ws[d]).numpy(), rtol=1e-6, atol=1e-6)
+        assert outputs[d].device == xs[d].device
+    assert trace.bytes_sent == gather_trace.bytes_sent == [(n - 1) * 12 * 6 * 4] * n  # an all-gather's bytes
+    assert trace.sent_per_step == [12 * 6 * 4] * (n - 1) + [0]
+    assert trace.flops_per_step == [2 * 12 * 6 * 5] * n and trace.overlapped_steps == n - 1
+
+
+def test_uneven_columns_and_bad_shards(four_devices):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 3))
+    xs, ws = [], []
+    for d, (device, cols) in enumerate(zip(four_devices[:2], (2, 5), strict=True)):
+        with tf.device(device):
+            xs.append(tf.constant(x[d * 4:(d + 1) * 4], tf.float64))
+            ws.append(tf.constant(rng.standard_normal((3, cols)), tf.float64))
+    for d, out in enumerate(overlap.collective_matmul(xs, ws)):
+        np.testing.assert_allclose(out.numpy(), x @ ws[d].numpy(), rtol=1e-12)
+    with pytest.raises(ValueError, match="one input shard and one weight shard per device, got 2 and 1"):
+        overlap.collective_matmul(xs, ws[:1])
+    with pytest.raises(ValueError, match=r"every input shard must be \[rows/N, k\]"):
+        overlap.collective_matmul([xs[0], xs[1][:3]], ws)
+
+
+@pytest.mark.processes
+def test_up_to_eight_devices_in_a_fresh_process():
+    out = run_fresh("""
+        import numpy as np
+        import tensorflow as tf
+        from mgpu_edu import overlap, setup_devices
+        devices = list(setup_devices(8, verbose=False))
+        rng = np.random.default_rng(2)
+        worst, sent = 0.0, {}
+        for n in (5, 6, 7, 8):
+            x, w = rng.standard_normal((3 * n, 4)), rng.standard_normal((4, 2 * n))
+            xs, ws = [], []
+            for d in range(n):
+                with tf.device(devices[d]):
+                    xs.append(tf.constant(x[3 * d:3 * d + 3]))
+                    ws.append(tf.constant(w[:, 2 * d:2 * d + 2]))
+            outputs, trace = overlap.collective_matmul(xs, ws, trace=True)
+            worst = max(worst, *(float(np.max(np.abs(o.numpy() - x @ w[:, 2 * d:2 * d + 2])))
+                                 for d, o in enumerate(outputs)))
+            sent[n] = trace.bytes_sent
+        result = {"worst": worst, "sent": sent}
+    """)
+    assert out["result"]["worst"] < 1e-12
+    for n, sent in out["result"]["sent"].items():
+        assert sent == [(int(n) - 1) * 3 * 4 * 8] * int(n)
