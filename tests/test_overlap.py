@@ -78,3 +78,31 @@ def test_up_to_eight_devices_in_a_fresh_process():
     assert out["result"]["worst"] < 1e-12
     for n, sent in out["result"]["sent"].items():
         assert sent == [(int(n) - 1) * 3 * 4 * 8] * int(n)
+
+
+def test_gradient_readiness_counts_the_backward_work_each_gradient_does_not_wait_for(four_devices):
+    """An MLP 64 → 32 → 16 → 10 on 8 examples: each layer's backward pass has two products, dX and dW, of
+    2·b·in·out FLOPs each (the first layer needs no dX). A layer's weight gradient waits for its own dW and every
+    later layer's dX; the rest can run while it is sent."""
+    from mgpu_edu import data, models
+
+    model = models.mlp(64, 10, hidden=(32, 16), seed=0)
+    digits = data.digits()
+    ready = overlap.gradient_readiness(model, models.per_example_loss(), tf.constant(digits.x_train[:8]),
+                                       tf.constant(digits.y_train[:8]))
+    product = {name: 2 * 8 * i * o for name, (i, o) in {"hidden0": (64, 32), "hidden1": (32, 16),
+                                                          "logits": (16, 10)}.items()}
+    total = 2 * product["logits"] + 2 * product["hidden1"] + product["hidden0"]
+    waits = {"logits": product["logits"], "hidden1": product["logits"] + product["hidden1"],
+             "hidden0": product["logits"] + product["hidden1"] + product["hidden0"]}
+    by_name = {r.name: r for r in ready}
+    for layer, waited in waits.items():
+        kernel = by_name[f"mlp/{layer}/kernel"]
+        assert kernel.remaining == total - waited
+        assert kernel.nbytes == 4 * {"hidden0": 64 * 32, "hidden1": 32 * 16, "logits": 16 * 10}[layer]
+    assert [r.remaining for r in ready] == sorted((r.remaining for r in ready), reverse=True)
+    assert by_name["mlp/logits/bias"].remaining == total  # a bias's gradient sums the upstream: no product
+    assert overlap.buckets(ready, 10**9) == [(sum(r.nbytes for r in ready), ready[-1].remaining)]  # one bucket
+    assert [b for b, _ in overlap.buckets(ready, 1)] == [r.nbytes for r in ready]  # one per gradient
+    with pytest.raises(ValueError, match="bucket_bytes=0"):
+        overlap.buckets(ready, 0)

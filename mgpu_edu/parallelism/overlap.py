@@ -83,3 +83,99 @@ def collective_matmul(x_shards: Sequence[Any], w_shards: Sequence[Any], trace: b
         with tf.device(devices[d]):
             outputs.append(tf.concat([parts[d][c] for c in range(n)], axis=0))
     return (outputs, record) if trace else outputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """One weight's gradient in a traced backward pass: its bytes, and the backward pass's matrix-product FLOPs
+    that are not among what it waits for (``remaining``): the work that can still run once it exists."""
+
+    name: str
+    nbytes: int
+    remaining: int
+
+
+def gradient_readiness(model: Any, loss_fn: Any, x: Any, y: Any) -> list[Ready]:
+    """Each trainable weight's gradient, earliest ready first, with the backward FLOPs that can overlap its
+    all-reduce: read from TensorFlow's traced graph (:func:`graphs.trace`), not timed.
+
+    A gradient can be sent as soon as the ops it depends on have run; every backward op it doesn't depend on
+    can run meanwhile. ``remaining`` counts those ops' matrix-product FLOPs (MatMul, BatchMatMul, Einsum:
+    2·m·k·n from their shapes): at most what its all-reduce can hide behind, if a scheduler keeps that work
+    for later. The first layer's kernel, which waits for every input gradient, has only the other layers'
+    weight gradients left: an all-reduce that starts when the backward pass ends hides behind nothing.
+    ``loss_fn(y, predictions)`` returns the batch's loss (a scalar) or one loss per example (averaged).
+    """
+    tf = quiet.import_tensorflow()
+    from mgpu_edu.analysis import graphs
+
+    weights = list(model.trainable_variables)
+
+    def forward(xs: Any, ys: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_fn(ys, model(xs, training=True)))
+        return tape, loss
+
+    traced = graphs.trace(forward, lambda r: r[0].gradient(r[1], weights), x, y)
+    backward = [op for op in traced.ops if op not in traced.made]
+    flops = {op: _product_flops(op) for op in backward}
+    total = sum(flops.values())
+    backward_set = set(backward)
+    out = []
+    for weight, grad in zip(weights, traced.gradients, strict=True):
+        seen, todo = set(), [grad.op]
+        while todo:
+            op = todo.pop()
+            if op in seen or op not in backward_set:
+                continue
+            seen.add(op)
+            todo += [t.op for t in op.inputs] + list(op.control_inputs)
+        nbytes = int(tf.size(weight)) * tf.as_dtype(weight.dtype).size
+        out.append(Ready(weight.path if hasattr(weight, "path") else weight.name, nbytes,
+                         total - sum(flops[op] for op in seen)))
+    return sorted(out, key=lambda r: -r.remaining)
+
+
+def _product_flops(op: Any) -> int:
+    """2·m·k·n for a matrix product op (batched: times the batch), from its output's and first input's shapes."""
+    if op.type not in ("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum"):
+        return 0
+    out, first = op.outputs[0].shape, op.inputs[0].shape
+    if not out.is_fully_defined() or not first.is_fully_defined():
+        return 0
+    if op.type == "MatMul":
+        contracted = first[0] if op.get_attr("transpose_a") else first[1]
+    elif op.type == "Einsum":
+        left, right = op.get_attr("equation").decode().split("->")[0].split(",")
+        contracted = 1
+        for letter, size in zip(left, first, strict=False):
+            if letter not in op.get_attr("equation").decode().split("->")[1]:
+                contracted *= size
+    else:
+        contracted = first[-2] if op.get_attr("adj_x") else first[-1]
+    return 2 * int(out.num_elements()) * int(contracted)
+
+
+def buckets(ready: Sequence[Ready], bucket_bytes: int) -> list[tuple[int, int]]:
+    """Group gradients, earliest ready first, into buckets of at most ``bucket_bytes`` (a gradient larger than
+    that makes a bucket of its own), as DDP's and Keras's gradient packing do; each bucket's all-reduce can start
+    once its last gradient is ready. Returns (bytes, backward FLOPs that can still overlap it) per bucket.
+
+    Example:
+        >>> buckets([Ready("a", 400, 90), Ready("b", 400, 50), Ready("c", 400, 0)], 800)
+        [(800, 50), (400, 0)]
+    """
+    from mgpu_edu._validate import whole_number
+
+    whole_number("bucket_bytes", bucket_bytes, hint="It is the most bytes one all-reduce carries, e.g. 25 * 2**20.")
+    out: list[tuple[int, int]] = []
+    size, remaining = 0, None
+    for r in ready:
+        if size and size + r.nbytes > bucket_bytes:
+            out.append((size, remaining))
+            size = 0
+        size += r.nbytes
+        remaining = r.remaining
+    if size:
+        out.append((size, remaining))
+    return out
