@@ -183,3 +183,34 @@ def test_stage_0_takes_plain_sgd_and_clipvalue(four_devices):
                                       strict=True))
         for got, want in zip(zero.full_weights(), model.get_weights(), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_zero3_prefetch_is_the_same_step_holding_one_more_layer(four_devices, n):
+    """Gathering the next layer's weights before this layer computes changes neither the result nor the bytes; it
+    holds two gathered layers at once instead of one, as memory.gathered_bytes counts."""
+    import keras
+    import tensorflow as tf
+
+    from mgpu_edu import data
+
+    digits = data.digits()
+    x, y = tf.constant(digits.x_train[:30]), tf.constant(digits.y_train[:30])
+    runs = {}
+    for prefetch in (False, True):
+        model = models.mlp(64, 10, hidden=(32, 48, 16), seed=0)
+        zero = sharding.ZeroDataParallel(model, keras.optimizers.Adam(0.01), four_devices[:n], stage=3,
+                                         prefetch=prefetch)
+        losses = [zero.step(x, y, models.per_example_loss(), micro_batches=2) for _ in range(2)]
+        runs[prefetch] = (losses, zero.full_weights(), zero.bytes_sent, zero.gathered_peak)
+        sizes = [w.size for w in zero.weighted]
+    (plain_losses, plain_weights, plain_sent, plain_peak), (losses, weights, sent, peak) = runs[False], runs[True]
+    assert losses == plain_losses and sent == plain_sent
+    for a, b in zip(weights, plain_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sizes == [64 * 32 + 32, 32 * 48 + 48, 48 * 16 + 16, 16 * 10 + 10]
+    assert plain_peak == memory.gathered_bytes(sizes) == 4 * max(sizes)
+    assert peak == memory.gathered_bytes(sizes, prefetch=True) == 4 * max(a + b for a, b in zip(sizes, sizes[1:]))
+    with pytest.raises(ValueError, match="prefetch=True .* only ZeRO-3 gathers: got stage=2"):
+        sharding.ZeroDataParallel(models.mlp(64, 10), keras.optimizers.Adam(0.01), four_devices, stage=2,
+                                  prefetch=True)

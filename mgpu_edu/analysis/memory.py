@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from mgpu_edu._validate import BadArgument, one_of, real_number, whole_number
@@ -502,6 +503,22 @@ def fits(nbytes: float, gpu: str) -> bool:
     """
     one_of("gpu", gpu, GPU_MEMORY_MIB)
     return nbytes <= USABLE_FRACTION * GPU_MEMORY_MIB[gpu] * 2**20
+
+
+def gathered_bytes(layer_params: Sequence[int], prefetch: bool = False, bytes_per_value: int = 4) -> int:
+    """ZeRO-3's working buffer: the most bytes of gathered whole-layer weights a device holds at once, given each
+    layer's parameters in the order the forward pass uses them. Without prefetching, one layer at a time; with
+    it (the next layer gathered while this one computes), two consecutive layers.
+
+    Example:
+        >>> gathered_bytes([100, 300, 200]), gathered_bytes([100, 300, 200], prefetch=True)
+        (1200, 2000)
+    """
+    sizes = [whole_number("layer_params", p, minimum=0) for p in layer_params]
+    if not sizes:
+        return 0
+    pairs = [a + b for a, b in zip(sizes, sizes[1:], strict=False)] if prefetch and len(sizes) > 1 else sizes
+    return max(pairs) * bytes_per_value
 
 
 #: Transformers the calculator knows, by name.

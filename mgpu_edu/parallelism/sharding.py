@@ -143,7 +143,12 @@ class ZeroDataParallel:
     - ``resident_bytes()``: per device, what it keeps between steps, read from the tensors
       and variables placed on it: ``params``, ``grads``, ``optimizer`` (the per-weight state)
       and ``other`` (the optimizer's step counter and learning rate);
-    - ``full_weights()``: the whole model's weights, gathered, in ``model.get_weights()`` order.
+    - ``full_weights()``: the whole model's weights, gathered, in ``model.get_weights()`` order;
+    - ``gathered_peak``: with stage 3, the most bytes of gathered whole-layer weights a device held at once:
+      the largest layer's, or with ``prefetch=True``, which gathers the next layer's weights before this layer
+      computes (so that, on GPUs, the gather runs behind the computation, as FSDP prefetches), the largest
+      two consecutive layers' (:func:`mgpu_edu.memory.gathered_bytes`). Prefetching changes when, not what:
+      the same bytes, the same step.
 
     The optimizer must keep per-weight state (Adam, RMSprop, SGD with momentum); it is copied
     per device from its config. The model is left unchanged. With no GPU the devices are
@@ -154,9 +159,15 @@ class ZeroDataParallel:
         >>> zero.step(x, y, models.per_example_loss())  # doctest: +SKIP
     """
 
-    def __init__(self, model: Any, optimizer: Any, devices: Sequence[str], stage: int) -> None:
+    def __init__(self, model: Any, optimizer: Any, devices: Sequence[str], stage: int, prefetch: bool = False) -> None:
         tf = quiet.import_tensorflow()
         whole_number("stage", stage, minimum=0, maximum=3, hint="ZeRO has stages 0 (plain data parallelism) to 3.")
+        if prefetch and stage != 3:
+            raise BadArgument(f"prefetch=True gathers the next layer's weights early, which only ZeRO-3 gathers: got "
+                              f"stage={stage}. Use stage=3, or prefetch=False.")
+        self.prefetch = bool(prefetch)
+        self._held: dict[int, list[Any]] = {}  # ZeRO-3: the layers whose whole weights are gathered now
+        self.gathered_peak = 0  # ZeRO-3: the most bytes of gathered weights a device held at once in the last step
         self.devices = _check_devices(devices)
         self.stage, self.n = stage, len(self.devices)
         self.layers = _check_model(model)
@@ -213,12 +224,29 @@ class ZeroDataParallel:
             return tf.concat([tf.convert_to_tensor(piece) for piece in held], axis=0)
 
     def _gather(self, i: int) -> list[Any]:
-        """Layer i's whole weights on every device: stage 3 all-gathers the shards (and counts the bytes)."""
+        """Layer i's whole weights on every device: stage 3 all-gathers the shards (and counts the bytes), unless
+        they are held already (prefetched), and holds them until :meth:`_release`."""
         if self.stage < 3:
             return [self._full(d, i) for d in range(self.n)]
-        quiet.import_tensorflow()
-        full, trace = ring_all_gather([self._weights[d][i].value() for d in range(self.n)], trace=True)
-        self._count(trace)
+        if i not in self._held:
+            quiet.import_tensorflow()
+            full, trace = ring_all_gather([self._weights[d][i].value() for d in range(self.n)], trace=True)
+            self._count(trace)
+            self._held[i] = full
+            held = sum(self.weighted[j].size for j in self._held) * full[0].dtype.size
+            self.gathered_peak = max(self.gathered_peak, held)
+        return self._held[i]
+
+    def _release(self, i: int | None) -> None:
+        """Drop layer i's gathered weights (ZeRO-3): each device keeps only its shard again."""
+        self._held.pop(i, None)
+
+    def _use(self, order: list[int], position: int) -> list[Any] | None:
+        """The whole weights of the weighted layer at ``position`` of ``order``; with ``prefetch``, also gather the
+        next one in ``order`` now, so that its all-gather can run while this layer computes."""
+        full = self._gather(order[position])
+        if self.prefetch and position + 1 < len(order):
+            self._gather(order[position + 1])
         return full
 
     def _count(self, trace: Any) -> None:
@@ -275,6 +303,7 @@ class ZeroDataParallel:
             raise BadArgument(f"x has {len(x)} examples and y {len(y)}: a step needs at least one example, and one "
                               "label per example. Pass matching slices, e.g. x[:64] and y[:64].")
         self.bytes_sent = [0] * self.n
+        self.gathered_peak = 0
         total = tf.cast(tf.shape(x)[0], tf.float32)
         shares = [(split_batch(xd, micro_batches), split_batch(yd, micro_batches))
                   for xd, yd in zip(split_batch(x, self.n), split_batch(y, self.n), strict=True)]
@@ -296,15 +325,18 @@ class ZeroDataParallel:
             with tf.device(self.devices[d]):
                 activations.append(tf.identity(xs[d]))
         index = {id(w.layer): i for i, w in enumerate(self.weighted)}
+        order = [index[id(layer)] for layer in self.layers if id(layer) in index]  # the weighted layers, in use order
         for layer in self.layers:
             inputs.append(activations)
-            full = self._gather(index[id(layer)]) if id(layer) in index else None
+            i = index.get(id(layer))
+            full = self._use(order, order.index(i)) if i is not None else None
             outputs = []
             for d in range(self.n):
                 with tf.device(self.devices[d]):
                     weights = self.weighted[index[id(layer)]].unflatten(full[d]) if full is not None else []
                     outputs.append(layer.stateless_call(weights, [], activations[d], training=True)[0])
-            activations = outputs  # the gathered weights (stage 3) are dropped here
+            activations = outputs
+            self._release(i)  # the gathered weights (stage 3) are dropped here
         upstream, losses = [], []
         for d in range(self.n):
             with tf.device(self.devices[d]), tf.GradientTape() as tape:
@@ -317,7 +349,8 @@ class ZeroDataParallel:
         # backward, last layer first; each weighted layer's gradients are combined as the stage says
         for layer, layer_inputs in zip(reversed(self.layers), reversed(inputs), strict=True):
             i = index.get(id(layer))
-            full = self._gather(i) if i is not None else None  # stage 3 gathers again: it dropped them
+            backward_order = order[::-1]  # stage 3 gathers again: it dropped them
+            full = self._use(backward_order, backward_order.index(i)) if i is not None else None
             local, downstream = [], []
             for d in range(self.n):
                 with tf.device(self.devices[d]), tf.GradientTape() as tape:
@@ -332,6 +365,7 @@ class ZeroDataParallel:
                     with tf.device(self.devices[d]):
                         local.append(tf.concat([tf.reshape(g, [-1]) for g in grads[1:]], axis=0))
             upstream = downstream
+            self._release(i)
             if i is not None:
                 self._combine(i, local, first, last)
         return losses
