@@ -106,3 +106,30 @@ def test_gradient_readiness_counts_the_backward_work_each_gradient_does_not_wait
     assert [b for b, _ in overlap.buckets(ready, 1)] == [r.nbytes for r in ready]  # one per gradient
     with pytest.raises(ValueError, match="bucket_bytes=0"):
         overlap.buckets(ready, 0)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_the_split_backward_adds_up_to_the_whole_backward(four_devices, layers):
+    """Zero-bubble pipelines split the backward pass: B, every input gradient (and the weights that need no
+    matrix product), then W, each weight matrix's xᵀ·dy from the factors B kept. On the tiny GPT, B + W is the
+    whole backward pass, weight by weight, and the matrices' gradients come from W alone."""
+    from mgpu_edu import data, gpt, models
+
+    model = models.tiny_gpt(vocab=26, seq_len=16, hidden=32, heads=4, layers=layers, seed=layers)
+    text = data.skip_text(n=16, length=16)
+    tokens, targets = tf.constant(text.x_train[:4]), tf.constant(text.y_train[:4])
+    weights = model.weights_by_name()
+    with tf.GradientTape() as tape:
+        tape.watch(list(weights.values()))
+        loss = gpt.next_token_loss(gpt.forward(weights, tokens, 4), targets)
+    whole = dict(zip(weights, tape.gradient(loss, list(weights.values())), strict=True))
+    b_pass, w_pass = gpt.split_backward(weights, tokens, targets, heads=4)
+    matrices = {f"block{i}/{name}" for i in range(layers) for name in ("wq", "wk", "wv", "wo", "w1", "w2")}
+    assert set(w_pass) == matrices | {"lm_head"}
+    for name in weights:
+        b = tf.convert_to_tensor(b_pass[name])
+        got = b + w_pass[name] if name in w_pass else b
+        np.testing.assert_allclose(got.numpy(), tf.convert_to_tensor(whole[name]).numpy(), rtol=1e-6, atol=1e-7)
+        if name in w_pass:
+            assert not np.any(b.numpy())  # the B pass leaves every matrix's gradient to W
+    assert not gpt._DEFERRED  # nothing left deferred after the call

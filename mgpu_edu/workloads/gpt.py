@@ -37,9 +37,56 @@ def dense(x: Any, w: Any) -> Any:
 
     The same numbers as ``tf.matmul(x, w)``, but one contraction over positions and batch together:
     ``tf.matmul`` of a 3-D ``x`` is a matmul batched over positions, whose gradient for ``w`` is formed
-    per position and then summed, and DTensor all-reduces those per-position products (lesson 15).
+    per position and then summed, and DTensor all-reduces those per-position products (lesson 15). Inside
+    :func:`split_backward`, its backward pass computes only the input's gradient, and leaves the weight's.
     """
+    if _DEFERRED:
+        return _deferring_dense(x, w, _DEFERRED[-1])
     return tf.einsum("sbi,io->sbo", x, w)
+
+
+_DEFERRED: list[list[tuple[Any, Any, Any]]] = []  # split_backward's stores: (weight, input, output gradient)
+
+
+def _deferring_dense(x: Any, w: Any, store: list[tuple[Any, Any, Any]]) -> Any:
+    @tf.custom_gradient
+    def product(x: Any, w: Any) -> Any:
+        def grad(upstream: Any) -> tuple[Any, Any]:
+            store.append((w, x, upstream))  # what the weight's gradient needs, kept for the W pass
+            return tf.einsum("sbo,io->sbi", upstream, w), tf.zeros_like(w)
+        return tf.einsum("sbi,io->sbo", x, w), grad
+    return product(x, w)
+
+
+def split_backward(weights: dict[str, Any], tokens: Any, targets: Any, heads: int) -> tuple[dict, dict]:
+    """TinyGPT's gradients as a zero-bubble pipeline computes them (Qi et al., 2024): a "B" pass, then a "W" pass.
+
+    The B pass runs the backward pass for every input gradient, the one the previous stage would wait for,
+    and for the weights that need no matrix product (LayerNorms, biases, embeddings); each weight matrix's
+    product, xᵀ·(output gradient), is left out, its two factors kept. The W pass computes those products
+    afterwards. Returns ``(b_pass, w_pass)``: gradients by name (``TinyGPT.weights_by_name``), the B pass's
+    with zeros for the matrices; the two add up to the whole backward pass's gradients.
+
+    Example:
+        >>> b_pass, w_pass = split_backward(model.weights_by_name(), tokens, targets, heads=4)  # doctest: +SKIP
+    """
+    store: list[tuple[Any, Any, Any]] = []
+    names = list(weights)
+    _DEFERRED.append(store)
+    try:
+        with tf.GradientTape() as tape:
+            tape.watch([weights[name] for name in names])
+            loss = next_token_loss(forward(weights, tokens, heads), targets)
+        b_pass = dict(zip(names, tape.gradient(loss, [weights[name] for name in names]), strict=True))
+    finally:
+        _DEFERRED.pop()
+    by_tensor = {id(weights[name]): name for name in names}
+    w_pass: dict[str, Any] = {}
+    for w, x, upstream in store:  # the W pass: each matrix's product, from the factors the B pass kept
+        name = by_tensor[id(w)]
+        product = tf.einsum("sbi,sbo->io", x, upstream)
+        w_pass[name] = w_pass[name] + product if name in w_pass else product
+    return b_pass, w_pass
 
 
 def causal_attention(x: Any, wq: Any, wk: Any, wv: Any, heads: int, recompute: bool = False) -> Any:
