@@ -207,3 +207,32 @@ def test_the_advice_for_model_states_says_what_can_still_split_them():
     assert "ZeRO-1 or more splits it over the 16 data-parallel devices" in first
     crowded = planner.why_not(model, planner.Layout(2, 2, 4, micro_batch=16, micro_batches=2), cluster)
     assert "smaller micro-batch" not in crowded and "with 2 micro-batches on 4 stages" in crowded
+
+
+def test_overlap_hides_each_axis_behind_the_compute_once():
+    """Each axis's hidden share comes out of the stage's compute, in OVERLAP_AXES order, until it is used up; the
+    compute and the bubble stay; nothing overlaps unless asked."""
+    run = planner.PUBLISHED["Llama 3 405B on 8,192 H100s, 8K context"]
+    plain = run.predict()
+    assert plain.time == run.predict(overlap={}).time
+    half = run.predict(overlap={"data": 0.5})
+    assert half.time["data"] == pytest.approx(plain.time["data"] / 2)
+    assert {k: v for k, v in half.time.items() if k != "data"} == {k: v for k, v in plain.time.items() if k != "data"}
+    everything = run.predict(overlap=dict.fromkeys(planner.OVERLAP_AXES, 1.0))
+    hidden = sum(plain.time[a] - everything.time[a] for a in planner.OVERLAP_AXES)
+    communication = sum(plain.time[a] for a in planner.OVERLAP_AXES)
+    assert hidden == pytest.approx(min(communication, plain.time["compute"]))
+    assert everything.time["compute"] == plain.time["compute"] and everything.time["bubble"] == plain.time["bubble"]
+    assert everything.seconds == pytest.approx(plain.seconds - hidden)
+    with pytest.raises(ValueError, match="overlap axis='bubble'"):
+        run.predict(overlap={"bubble": 1.0})
+    with pytest.raises(ValueError, match=r"overlap\['data'\]=1.5"):
+        run.predict(overlap={"data": 1.5})
+
+
+def test_overlap_moves_the_published_runs_toward_their_reported_mfu():
+    """Lesson 17's runs hide most of their communication; the planner without overlap predicts less than they
+    reached, and with every axis hidden it predicts more, still at most what they reported."""
+    for run in planner.PUBLISHED.values():
+        plain, hidden = run.predict(), run.predict(overlap=dict.fromkeys(planner.OVERLAP_AXES, 1.0))
+        assert plain.mfu < hidden.mfu <= run.mfu

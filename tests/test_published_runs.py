@@ -239,7 +239,8 @@ def test_llama3_table_4_layouts(row):
     micro-batch and keeps the gathered weights (ZeRO-3 without resharding) fits; gradients accumulated whole and
     reduce-scattered once per step (what ZeRO-1 holds) don't; nor does Megatron-LM's interleaved warm-up ("we use
     an interleaved schedule", with its own tunable depth, V not given). The predicted MFU is lower than the
-    published: the cost model overlaps no communication, and the real run hides most of it."""
+    published: the cost model overlaps no communication unless asked (planner.predict(overlap=...)), and the real
+    run hides most of it."""
     gpus, t, c, p, d, seq, per_dp, tflops, mfu = row
     assert memory.stage_layers(126, p) == [7] + [8] * 14 + [7]
     assert d * per_dp * seq == 2**24 and t * c * p * d == gpus and abs(100 * tflops / 989 - int(mfu)) < 1

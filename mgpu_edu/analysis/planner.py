@@ -15,14 +15,15 @@ alls. The step time is lesson 08's cost model: the stage's training FLOPs
 (:func:`costmodel.transformer_flops`, recomputation's extra included) at a fraction of the devices' peak,
 stretched by the pipeline's bubble, (P − 1)/(V·M) of the ideal time (Narayanan et al., 2021, §2.2), plus each
 axis's communication by lesson 03's α-β model, at the bandwidth of the link that axis crosses (inside a node
-for tensor and expert parallelism when they fit in one; between nodes otherwise), none of it overlapped. It is
-a model: it ranks layouts; it does not promise seconds.
+for tensor and expert parallelism when they fit in one; between nodes otherwise), none of it overlapped unless
+``overlap`` says which share of each axis's runs behind the computation. It is a model: it ranks layouts; it
+does not promise seconds.
 
 Besides what is kept between a micro-batch's forward and backward passes, it counts the working memory of the
 backward pass: the loss's float32 logits on the last stage and, with recomputation, what one layer recomputes
 at a time, its activations or (selective) its attention scores ("working"). It leaves out ZeRO-3's gathered
 layer, communication buffers, the CUDA context and fragmentation (the 10 % of memory it keeps spare stands for
-them), and overlap of any kind. Pipeline traffic is charged at the link between nodes (conservative when
+them). Pipeline traffic is charged at the link between nodes (conservative when
 stages share a node). Without sequence parallelism each tensor rank sends its whole copy of a stage's output
 to the next stage, as the course's layouts do; with it, its share.
 
@@ -184,13 +185,17 @@ def params_per_device(model: Model, layout: Layout, stage: int = 0, split_embedd
 
 
 def predict(model: Model, layout: Layout, cluster: Cluster | None = None, precision: str = "mixed",
-            split_embeddings: bool = False, stage: int | None = None) -> Prediction:
+            split_embeddings: bool = False, stage: int | None = None,
+            overlap: dict[str, float] | None = None) -> Prediction:
     """Bytes held and sent per step by a device of pipeline stage ``stage``, and with a ``cluster`` the predicted step
     time, the MFU it implies and whether it fits. With ``stage=None``, the worst over the stages: what the
     fullest stage holds, what the busiest sender sends (a middle stage sends both activations and gradients),
     and the slowest stage's step.
 
-    ``precision`` is one of ``memory.PRECISIONS``: 16-bit activations unless ``"fp32"``.
+    ``precision`` is one of ``memory.PRECISIONS``: 16-bit activations unless ``"fp32"``. ``overlap`` gives, per
+    axis (``"data"``, ``"tensor"``, ``"pipeline"``, ``"context"``, ``"expert"``), the share of its communication
+    that runs behind computation: each axis's hidden part is taken from the stage's compute, in that order,
+    until the compute is used up, and ``time`` then holds what is left exposed. None overlaps nothing.
 
     Example:
         >>> tiny = Model(layers=2, hidden=32, heads=4, seq=16, vocab=64)
@@ -207,13 +212,21 @@ def predict(model: Model, layout: Layout, cluster: Cluster | None = None, precis
     one_of("precision", precision, memory.PRECISIONS)
     whole_number("stage", 0 if stage is None else stage, minimum=0, maximum=layout.pipeline - 1,
                  hint="Stages are numbered from 0.")
-    return _predict(model, layout, cluster, precision, split_embeddings, stage)
+    for axis, share in (overlap or {}).items():
+        one_of("overlap axis", axis, OVERLAP_AXES)
+        real_number(f"overlap[{axis!r}]", share, 0, 1, hint="It is the share of that axis's communication hidden.")
+    return _predict(model, layout, cluster, precision, split_embeddings, stage, overlap=overlap)
+
+
+#: The axes whose communication :func:`predict` can hide behind computation, in the order it hides them.
+OVERLAP_AXES = ("data", "context", "tensor", "expert", "pipeline")
 
 
 def _predict(model: Model, layout: Layout, cluster: Cluster | None, precision: str, split_embeddings: bool,
-             stage: int | None, fitting: bool = False) -> Prediction | None:
+             stage: int | None, fitting: bool = False, overlap: dict[str, float] | None = None) -> Prediction | None:
     """:func:`predict` for a layout already checked; with ``fitting``, None for a layout that doesn't fit."""
     job = _Job(model, layout, cluster, precision, split_embeddings)
+    job.overlap = dict(overlap or {})
     if stage is not None:
         return job.stage(stage)
     held = [job.held(s) for s in range(layout.pipeline)]
@@ -236,6 +249,7 @@ class _Job:
                  split_embeddings: bool) -> None:
         self.model, self.layout, self.cluster = model, layout, cluster
         self.precision, self.split_embeddings = precision, split_embeddings
+        self.overlap: dict[str, float] = {}  # per axis, the share of its communication hidden behind compute
         lay, t, c = layout, layout.tensor, layout.context
         self.value = memory.PRECISIONS[precision][0]
         self.layers = memory.stage_layers(model.layers, lay.pipeline)
@@ -345,8 +359,13 @@ class _Job:
                     "data": sharding.phases(lay.zero, m, lay.reshard) * max(lay.data * lay.context - 1, 0),
                     "context": m * layers * 4 * max(lay.context - 1, 0),
                     "expert": m * layers * 6 * max(lay.expert - 1, 0)}
-        return {"compute": compute, "bubble": compute * bubble,
-                **{a: sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent}}
+        time = {a: sent[a] / link[a] + (messages[a] * cluster.alpha_s if sent[a] else 0.0) for a in sent}
+        behind = compute  # what the hidden communication can run behind: the stage's computation, once
+        for axis in OVERLAP_AXES:
+            hidden = min(self.overlap.get(axis, 0.0) * time[axis], behind)
+            time[axis] -= hidden
+            behind -= hidden
+        return {"compute": compute, "bubble": compute * bubble, **time}
 
 
 def layouts(model: Model, devices: int, global_batch: int, zero_stages: tuple[int, ...] = (0, 1, 2, 3),
@@ -528,9 +547,11 @@ class PublishedRun:
     mfu: float | None
     source: str
 
-    def predict(self, layout: Layout | None = None) -> Prediction:
-        """The planner's counts and step time for this run's layout, or for ``layout`` on the same job."""
-        return predict(self.model, layout or self.layout, self.cluster, self.precision, self.split_embeddings)
+    def predict(self, layout: Layout | None = None, overlap: dict[str, float] | None = None) -> Prediction:
+        """The planner's counts and step time for this run's layout, or for ``layout`` on the same job (``overlap``:
+        as :func:`predict` takes it)."""
+        return predict(self.model, layout or self.layout, self.cluster, self.precision, self.split_embeddings,
+                       overlap=overlap)
 
     @property
     def reported_seconds(self) -> float:
