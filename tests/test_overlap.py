@@ -133,3 +133,18 @@ def test_the_split_backward_adds_up_to_the_whole_backward(four_devices, layers):
         if name in w_pass:
             assert not np.any(b.numpy())  # the B pass leaves every matrix's gradient to W
     assert not gpt._DEFERRED  # nothing left deferred after the call
+
+
+def test_the_op_timeline_is_tensorflows_own_trace_of_the_ops(four_devices):
+    """The collective matmul traced by TensorFlow's step stats: on each device N products, N − 1 copies in (its
+    sends, each an Identity on the receiving device) and one concat; every op ends after it starts."""
+    _, _, xs, ws = shards(four_devices, rows=32, k=16, n_cols=8)
+    spans = overlap.op_timeline(lambda *a: overlap.collective_matmul(list(a[:4]), list(a[4:])), *xs, *ws)
+    counts = {}
+    for span in spans:
+        counts[span.device, span.op] = counts.get((span.device, span.op), 0) + 1
+        assert 0 <= span.start <= span.end
+    short = [d.rsplit("device:", 1)[-1] for d in four_devices]
+    assert counts == {**{(d, "MatMul"): 4 for d in short}, **{(d, "Identity"): 3 for d in short},
+                      **{(d, "ConcatV2"): 1 for d in short}}
+    assert min(s.start for s in spans) == 0

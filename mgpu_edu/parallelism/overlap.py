@@ -179,3 +179,70 @@ def buckets(ready: Sequence[Ready], bucket_bytes: int) -> list[tuple[int, int]]:
     if size:
         out.append((size, remaining))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpan:
+    """One op as TensorFlow's own step trace saw it run: its device ("CPU:1"), name, type, and start and end in
+    seconds from the first op's start."""
+
+    device: str
+    name: str
+    op: str
+    start: float
+    end: float
+
+
+def op_timeline(fn: Any, *inputs: Any, runs: int = 1) -> list[OpSpan]:
+    """Run ``fn(*inputs)`` as a graph and return every op's span on every device, from TensorFlow's own trace.
+
+    The graph is built with ``tf.compat.v1.wrap_function`` (which orders ops by their data only, lesson 01) and
+    run as written (Grappler's rewrites off) in a session with ``RunOptions(trace_level=FULL_TRACE)``: TensorFlow records, per device, when each
+    op started and ended (its ``RunMetadata.step_stats``). It runs ``runs`` times first, untraced, so that the
+    traced run shows running, not start-up. Each input is placed on the device it is on; inputs, constants and
+    those placements are left out. On logical devices the spans
+    are real but the devices share this machine's cores: the order and the dependencies are what carries over
+    to GPUs, not the durations.
+
+    Example:
+        >>> spans = op_timeline(lambda x: tf.matmul(x, x), tf.ones([64, 64]))  # doctest: +SKIP
+    """
+    tf = quiet.import_tensorflow()
+    from mgpu_edu.analysis import graphs
+
+    def placed(*values: Any) -> Any:  # each input on the device it lives on now, as fn would find it eagerly
+        on_devices = []
+        for value, original in zip(values, inputs, strict=True):
+            with tf.device(original.device):
+                on_devices.append(tf.identity(value))
+        return fn(*on_devices)
+
+    wrapped = tf.compat.v1.wrap_function(placed, [tf.TensorSpec.from_tensor(x) for x in inputs])
+    graph = wrapped.graph
+    feeds = {placeholder.name: value.numpy() for placeholder, value in zip(wrapped.inputs, inputs, strict=True)}
+    fetches = [t.name for t in wrapped.outputs]
+    options = tf.compat.v1.RunOptions(trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+    metadata = tf.compat.v1.RunMetadata()
+    from tensorflow.python.eager import context as eager_context  # the logical devices' configuration
+
+    config = eager_context.context().config  # a copy: the same logical devices
+    config.graph_options.rewrite_options.disable_meta_optimizer = True  # run as written: Grappler drops identities
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+        for _ in range(runs):
+            session.run(fetches, feeds)
+        session.run(fetches, feeds, options=options, run_metadata=metadata)
+    types = {op.name: op.type for op in graph.get_operations()}
+    placements = {consumer.name for op in graph.get_operations() if op.type == "Placeholder"
+                  for consumer in op.outputs[0].consumers()}
+    spans = []
+    for device in metadata.step_stats.dev_stats:
+        for node in device.node_stats:
+            kind = types.get(node.node_name)
+            if kind is None or kind in ("Placeholder", "Const", "NoOp") or node.node_name in placements:
+                continue
+            start = node.all_start_micros / 1e6
+            spans.append(OpSpan(graphs.short_device(device.device), node.node_name, kind, start,
+                                start + node.all_end_rel_micros / 1e6))
+    first = min(s.start for s in spans)
+    return sorted((dataclasses.replace(s, start=s.start - first, end=s.end - first) for s in spans),
+                  key=lambda s: (s.start, s.device))
