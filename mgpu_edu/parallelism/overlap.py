@@ -197,12 +197,12 @@ def op_timeline(fn: Any, *inputs: Any, runs: int = 1) -> list[OpSpan]:
     """Run ``fn(*inputs)`` as a graph and return every op's span on every device, from TensorFlow's own trace.
 
     The graph is built with ``tf.compat.v1.wrap_function`` (which orders ops by their data only, lesson 01) and
-    run as written (Grappler's rewrites off) in a session with ``RunOptions(trace_level=FULL_TRACE)``: TensorFlow records, per device, when each
-    op started and ended (its ``RunMetadata.step_stats``). It runs ``runs`` times first, untraced, so that the
-    traced run shows running, not start-up. Each input is placed on the device it is on; inputs, constants and
-    those placements are left out. On logical devices the spans
-    are real but the devices share this machine's cores: the order and the dependencies are what carries over
-    to GPUs, not the durations.
+    run as written (Grappler's rewrites off) in a session with ``RunOptions(trace_level=FULL_TRACE)``:
+    TensorFlow records, per device, when each op started and ended (its ``RunMetadata.step_stats``). It runs
+    ``runs`` times first, untraced, so that the traced run shows running, not start-up. Each input is placed on
+    the device it is on; inputs, constants and those placements are left out. On logical devices the spans are
+    real but the devices share this machine's cores: the order and the dependencies are what carries over to
+    GPUs, not the durations.
 
     Example:
         >>> spans = op_timeline(lambda x: tf.matmul(x, x), tf.ones([64, 64]))  # doctest: +SKIP
