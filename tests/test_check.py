@@ -761,3 +761,33 @@ def test_a_float16_answer_is_held_to_two_of_its_steps():
     right = math.log(1 + 6 / math.e)  # softmax_floor for 7 classes
     assert check.softmax_floor(np.float16(right), classes=7).correct
     assert not check.softmax_floor(np.float16(right * 1.003), classes=7).correct
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (7 / 8 * 989e12 / 450e9, "correct", "the same threshold as data parallelism"),
+    (989e12 / 450e9, "wrong", "C/W alone"),
+    (7 / 8 * 989e12 / 450e9 / 3, "wrong", "not its forward pass"),
+    (7 / 8 * 989e12 / 450e9 * 2, "wrong", "2 bytes a value"),
+    (7 / 8 * 989e12 / 50e9, "wrong", "network between nodes"),
+    (5, "wrong", "solve for b"),
+    (None, "unsolved", "tokens per device"),
+])
+def test_fsdp_tokens(answer, status_, hint):
+    """Lesson 18, exercise 1: 8 H100s in one node (989 TFLOP/s, 450 GB/s of NVLink one way): 1,923 tokens."""
+    feedback = check.fsdp_tokens(answer, "H100", 8)
+    assert feedback.status == status_ and hint in feedback.message, feedback.message
+
+
+@pytest.mark.parametrize(("answer", "status_", "hint"), [
+    (7 / 96, "correct", "a third of 1F1B's"),
+    (7 / 32, "wrong", "1F1B's bubble"),
+    (0, "wrong", "ZB-H2"),
+    (7 / 103, "wrong", "share of the whole run"),
+    (0.5, "wrong", "ideal time is 3M slots"),
+    ("a third", "wrong", "expected a fraction"),
+    (None, "unsolved", "the bubble"),
+])
+def test_zero_bubble(answer, status_, hint):
+    """Lesson 18, exercise 2: 8 stages, 32 micro-batches: (P − 1)/(3M) = 7/96, against 1F1B's 7/32."""
+    feedback = check.zero_bubble(answer, 8, 32)
+    assert feedback.status == status_ and hint in feedback.message, feedback.message

@@ -55,3 +55,23 @@ def test_bad_inputs_are_named():
         roofline.data_parallel_tokens(roofline.DEVICES["T4"], 1)
     with pytest.raises(ValueError, match="degree=1"):
         roofline.tensor_parallel_width(roofline.DEVICES["T4"], 1)
+
+
+def test_the_overlap_explorer_follows_the_rooflines():
+    """Lesson 18's widget: each control redraws, and its verdict and threshold are roofline's."""
+    from mgpu_edu import widgets
+
+    explorer = widgets.OverlapExplorer("fsdp", "H100", size=1024)
+    h100 = roofline.DEVICES["H100"]
+    compute, comm = roofline.axis_seconds("fsdp", h100, 8, 1024, 4096, 16384)
+    assert explorer.seconds() == (compute, comm) and comm > compute
+    assert "communication-bound" in explorer.info.value and "≈ <b>1,923</b>" in explorer.info.value
+    picture = explorer.image.value
+    explorer.size.value = 4096
+    assert "compute-bound" in explorer.info.value and explorer.image.value != picture
+    explorer.axis.value = "tensor"
+    assert f"≈ <b>{roofline.tensor_parallel_width(h100, 8):,.0f}</b>" in explorer.info.value
+    explorer.device.value = "T4"
+    assert explorer.threshold() == roofline.tensor_parallel_width(roofline.DEVICES["T4"], 8)
+    with pytest.raises(ValueError, match="axis='pipeline'"):
+        widgets.OverlapExplorer("pipeline")

@@ -1083,3 +1083,56 @@ def mfu_from_throughput(answer: Any, tokens_per_second: float, devices: int, pea
                       ((100 * expected, 100 * hardware), "write it as a fraction (0.5 for 50 %), not a percentage.")],
                   ": MFU = model FLOPs per token × tokens per second ÷ (devices × peak FLOP/s).", rel_tol=2e-3)
 
+
+
+def fsdp_tokens(answer: Any, device: str = "H100", n: int = 8) -> Feedback:
+    """Lesson 18, exercise 1: the tokens per device below which FSDP over ``n`` devices of ``device``
+    (``roofline.DEVICES``, inside one node) is communication-bound, by lesson 03's α-β model with α = 0."""
+    from mgpu_edu.analysis import roofline
+
+    early, answer = _read_number(answer, "set `answer` to a number of tokens per device.", "a number of tokens")
+    if early is not None:
+        return early
+    spec = roofline.DEVICES[device]
+    expected = roofline.data_parallel_tokens(spec, n)
+    ratio = spec.flops / spec.intra_bandwidth
+    return _judge(answer, expected, f"{expected:,.0f} tokens: FSDP computes 6·b·D·F per weight matrix while two "
+                  f"all-gathers and a reduce-scatter send 3 · (N − 1)/N · 2·D·F bytes, so the two take as long "
+                  f"when b = (N − 1)/N · C/W = {n - 1}/{n} · {ratio:,.0f}: the same threshold as data parallelism.", [
+                      (ratio, f"that is C/W alone, the limit for many devices; with {n}, each sends (N − 1)/N of "
+                              "what it gathers: multiply by that."),
+                      (ratio * (n - 1) / n / 3, "that counts FSDP's three collectives but not its forward pass: "
+                                                "the forward and backward compute 6·b·D·F, three times the "
+                                                "backward's share of the traffic each."),
+                      (ratio * (n - 1) / n * 2, "that compares the gradient's all-reduce with the weights' "
+                                                "bytes at 4 bytes a value, or the compute at half: both are "
+                                                "16-bit, 2 bytes a value, and 2 FLOPs a multiply-add."),
+                      (spec.flops / spec.inter_bandwidth * (n - 1) / n, "that uses the network between nodes; "
+                                                                        "the question's 8 GPUs share one node's "
+                                                                        "NVLink.")],
+                  ": set the compute time 6·b·D·F / C equal to the collectives' 3 · (N − 1)/N · 2·D·F / W and "
+                  "solve for b.", rel_tol=2e-3)
+
+
+def zero_bubble(answer: Any, stages: int, micro_batches: int) -> Feedback:
+    """Lesson 18, exercise 2: the bubble of the ZB-H1 schedule as a share of the ideal time, with equal forward,
+    input-gradient and weight-gradient passes (Qi et al., Table 2), counted from the schedule the pipeline module
+    builds."""
+    from mgpu_edu.parallelism import pipeline
+
+    early, answer = _read_number(answer, "set `answer` to the bubble, a fraction of the ideal time.", "a fraction")
+    if early is not None:
+        return early
+    p, m = stages, micro_batches
+    expected = pipeline.zero_bubble_ratio(p, m)
+    one_f_one_b = pipeline.zero_bubble_ratio(p, m, split=False)
+    return _judge(answer, expected, f"{expected:.4g}: (P − 1)(T_F + T_B − T_W) over M(T_F + T_B + T_W) = "
+                  f"{p - 1}/({3 * m}), a third of 1F1B's {one_f_one_b:.4g}: each W fills a slot where a stage "
+                  "would have waited.", [
+                      (one_f_one_b, "that is 1F1B's bubble, (P − 1)/M: the weight gradients still run right after "
+                                    "their input gradients. ZB-H1 moves them into the waits."),
+                      (0.0, "that is ZB-H2's aim, with 2P − 1 micro-batches in flight; ZB-H1 keeps 1F1B's memory "
+                            "and a third of its bubble."),
+                      ((p - 1) / (3 * m + p - 1), "that is the share of the whole run (ideal plus bubble); the "
+                                                  "question asks for a share of the ideal time, 3M slots.")],
+                  ": with unit passes the ideal time is 3M slots a stage, and ZB-H1 adds P − 1.", rel_tol=1e-6)

@@ -679,3 +679,62 @@ def draw_grid(data: int, tensor: int, pipeline: int, ax: Axes | None = None) -> 
     ax.set_ylim(0, data + 0.5)
     ax.axis("off")
     return ax
+
+
+#: How :func:`draw_op_timeline` colours ops: matrix products are compute; an Identity placed on another device is
+#: a copy between devices (what :func:`mgpu_edu.collectives.send_receive` runs); anything else is other work.
+OP_KINDS = {"MatMul": "compute", "BatchMatMulV2": "compute", "Einsum": "compute", "Identity": "copy between devices"}
+
+
+def draw_op_timeline(spans: Sequence, ax: Axes, title: str = "", kinds: dict[str, str] | None = None) -> Axes:
+    """Gantt chart of a traced step's ops (``overlap.op_timeline``): one row per device, each op a box from its
+    start to its end (µs), coloured by kind (:data:`OP_KINDS`)."""
+    kinds = OP_KINDS if kinds is None else kinds
+    colors = {"compute": PALETTE[0], "copy between devices": PALETTE[1], "other": "#cccccc"}
+    devices = sorted({s.device for s in spans})
+    for s in spans:
+        kind = kinds.get(s.op, "other")
+        ax.barh(devices.index(s.device), max((s.end - s.start) * 1e6, 0.5), left=s.start * 1e6, height=0.7,
+                color=colors.get(kind, colors["other"]), edgecolor="black", linewidth=0.3)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items()], fontsize=7, loc="upper right")
+    ax.set_yticks(range(len(devices)), devices, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("µs since the first op started", fontsize=8)
+    ax.tick_params(labelsize=7)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax
+
+
+def draw_roofline(devices: dict, axis: str, ax: Axes, n: int = 8, marks: dict[str, float] | None = None,
+                  inside: bool = True) -> Axes:
+    """For each device (``roofline.DEVICES``), the ratio of communication time to the compute it can hide behind,
+    against tokens per device (data, FSDP) or the MLP width (tensor), by lesson 03's α-β model: above 1 the
+    axis is communication-bound. ``marks`` places runs (label → tokens or width) on the chart."""
+    import numpy as np
+
+    from mgpu_edu.analysis import roofline
+
+    sizes = np.logspace(1, 6, 120)
+    for i, (name, device) in enumerate(devices.items()):
+        ratios = []
+        for size in sizes:
+            if axis == "tensor":
+                compute, comm = roofline.axis_seconds(axis, device, n, 2048, 4096, size, inside)
+            else:
+                compute, comm = roofline.axis_seconds(axis, device, n, size, 4096, 16384, inside)
+            ratios.append(comm / compute)
+        ax.loglog(sizes, ratios, color=device_color(i), label=name)
+    ax.axhline(1, color="black", linewidth=0.8, linestyle="--")
+    for label, size in (marks or {}).items():
+        ax.axvline(size, color="grey", linewidth=0.8, linestyle=":")
+        ax.text(size, ax.get_ylim()[1], f" {label}", rotation=90, va="top", fontsize=7)
+    what = f"MLP width F (tensor degree {n})" if axis == "tensor" else f"tokens per device ({n} devices)"
+    ax.set_xlabel(what, fontsize=8)
+    ax.set_ylabel("communication ÷ compute", fontsize=8)
+    ax.set_title(f"{axis}: communication-bound above the dashed line", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.tick_params(labelsize=7)
+    return ax

@@ -701,3 +701,68 @@ class RunExplorer(_Displayed):
         spent.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, frameon=False)
         fig.tight_layout()
         self.image.value = viz.figure_png(fig, tight=False)
+
+
+class OverlapExplorer(_Displayed):
+    """Pick an axis (data, FSDP, tensor), a device (``roofline.DEVICES``) and a size (tokens per device, or the MLP
+    width for tensor parallelism): draws the compute against the communication it could hide behind, for one
+    4,096-wide weight matrix by lesson 03's α-β model, and says whether overlap can hide it all and where the
+    axis stops being communication-bound (:mod:`mgpu_edu.roofline`). No TensorFlow: it only counts.
+
+    Example:
+        >>> OverlapExplorer("fsdp", "H100")  # doctest: +SKIP
+    """
+
+    def __init__(self, axis: str = "fsdp", device: str = "H100", size: int = 1024, devices: int = 8) -> None:
+        import ipywidgets as w
+
+        from mgpu_edu.analysis import roofline
+
+        self._roofline = roofline
+        one_of("axis", axis, roofline.AXES)
+        one_of("device", device, tuple(roofline.DEVICES))
+        self.n = devices
+        self.axis = w.ToggleButtons(options=list(roofline.AXES), value=axis, description="axis")
+        self.device = w.Dropdown(options=list(roofline.DEVICES), value=device, description="device")
+        self.size = w.IntSlider(value=size, min=64, max=65536, step=64, description="size")
+        self.image = w.Image(format="png")
+        self.info = w.HTML()
+        self.root = w.VBox([w.HBox([self.axis, self.device]), self.size, self.info, self.image])
+        self.root.add_class("mgpu-overlap")
+        for control in (self.axis, self.device, self.size):
+            control.observe(self._draw, names="value")
+        self._draw()
+
+    def seconds(self) -> tuple[float, float]:
+        """(compute, communication) seconds for the current choice."""
+        device = self._roofline.DEVICES[self.device.value]
+        if self.axis.value == "tensor":
+            return self._roofline.axis_seconds("tensor", device, self.n, 2048, 4096, self.size.value)
+        return self._roofline.axis_seconds(self.axis.value, device, self.n, self.size.value, 4096, 16384)
+
+    def threshold(self) -> float:
+        """The size at which the current axis stops being communication-bound on the current device."""
+        device = self._roofline.DEVICES[self.device.value]
+        if self.axis.value == "tensor":
+            return self._roofline.tensor_parallel_width(device, self.n)
+        return self._roofline.data_parallel_tokens(device, self.n)
+
+    def _draw(self, change: Any = None) -> None:
+        compute, comm = self.seconds()
+        exposed = max(comm - compute, 0.0)
+        fig = viz.new_figure(6.5, 2.2)
+        ax = fig.add_subplot(1, 1, 1)
+        ax.barh(1, compute * 1e6, color=viz.PALETTE[0], label="compute")
+        ax.barh(0, min(comm, compute) * 1e6, color=viz.PALETTE[1], label="communication, hidden")
+        ax.barh(0, exposed * 1e6, left=min(comm, compute) * 1e6, color=viz.PALETTE[3], label="communication, exposed")
+        ax.set_yticks([0, 1], ["communication", "compute"], fontsize=8)
+        ax.set_xlabel("µs per weight matrix", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        self.image.value = viz.figure_png(fig, tight=False)
+        what = "MLP width" if self.axis.value == "tensor" else "tokens per device"
+        verdict = ("<b>communication-bound</b>: overlap hides at most the compute's length" if comm > compute
+                   else "<b>compute-bound</b>: overlap can hide all of it")
+        self.info.value = (f"<p>{self.axis.value} on {self.n} × {self.device.value}, {what} {self.size.value:,}: "
+                           f"compute {compute * 1e6:,.1f} µs, communication {comm * 1e6:,.1f} µs; {verdict}. "
+                           f"The axis turns at {what} ≈ <b>{self.threshold():,.0f}</b>.</p>")
