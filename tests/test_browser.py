@@ -459,6 +459,28 @@ def test_run_explorer_in_jupyterlab(lab, chromium, tmp_path):
     assert "DP 2 × TP 4 (SP)" in after and f"~{run.predict(layout).seconds:,.1f} s" in after
 
 
+@pytest.mark.parametrize("lab", ["18_overlap.ipynb"], indirect=True)
+def test_overlap_explorer_in_jupyterlab(lab, chromium, tmp_path):
+    """Lesson 18's overlap explorer: the size slider and the axis toggle each recount the compute, the
+    communication and the threshold, as roofline counts them."""
+    from mgpu_edu import roofline
+
+    with _lesson_widget(lab, chromium, "18_overlap.ipynb", ".mgpu-overlap", "overlap explorer", tmp_path) as (
+            page, widget):
+        size = int(_readout(widget, "size").replace(",", ""))
+        _redraw(page, widget, _press(page, widget, "size", "ArrowRight"))
+        assert int(_readout(widget, "size").replace(",", "")) == size + 64
+        h100 = roofline.DEVICES["H100"]
+        compute, comm = roofline.axis_seconds("fsdp", h100, 8, size + 64, 4096, 16384)
+        _shows(page, widget, f"tokens per device {size + 64:,}: compute {compute * 1e6:,.1f} µs")
+        tensor = widget.locator(".widget-toggle-buttons button", has_text="tensor")
+        _redraw(page, widget, tensor.click)
+        after = _shows(page, widget, f"≈ {roofline.tensor_parallel_width(h100, 8):,.0f}")
+        if RESULTS_DIR:
+            widget.screenshot(path=str(Path(RESULTS_DIR) / "overlap-explorer.png"))
+    assert f"MLP width {size + 64:,}" in after
+
+
 DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
           "CollectiveStepper": test_collective_stepper_in_jupyterlab,
           "ReplicaBatchExplorer": test_explorer_in_jupyterlab,
@@ -467,7 +489,8 @@ DRIVEN = {"AllReduceStepper": test_allreduce_stepper_in_jupyterlab,
           "MemoryCalculator": test_memory_calculator_redraws_in_jupyterlab,
           "ExpertLoad": test_expert_load_in_jupyterlab,
           "Planner": test_planner_in_jupyterlab,
-          "RunExplorer": test_run_explorer_in_jupyterlab}
+          "RunExplorer": test_run_explorer_in_jupyterlab,
+          "OverlapExplorer": test_overlap_explorer_in_jupyterlab}
 
 
 def test_every_widget_a_lesson_shows_is_driven_in_the_browser():

@@ -1127,7 +1127,7 @@ def zero_bubble(answer: Any, stages: int, micro_batches: int) -> Feedback:
     expected = pipeline.zero_bubble_ratio(p, m)
     one_f_one_b = pipeline.zero_bubble_ratio(p, m, split=False)
     return _judge(answer, expected, f"{expected:.4g}: (P − 1)(T_F + T_B − T_W) over M(T_F + T_B + T_W) = "
-                  f"{p - 1}/({3 * m}), a third of 1F1B's {one_f_one_b:.4g}: each W fills a slot where a stage "
+                  f"{p - 1}/{3 * m}, a third of 1F1B's {one_f_one_b:.4g}: each W fills a slot where a stage "
                   "would have waited.", [
                       (one_f_one_b, "that is 1F1B's bubble, (P − 1)/M: the weight gradients still run right after "
                                     "their input gradients. ZB-H1 moves them into the waits."),
