@@ -766,7 +766,8 @@ def test_a_float16_answer_is_held_to_two_of_its_steps():
 @pytest.mark.parametrize(("answer", "status_", "hint"), [
     (7 / 8 * 989e12 / 450e9, "correct", "the same threshold as data parallelism"),
     (989e12 / 450e9, "wrong", "C/W alone"),
-    (7 / 8 * 989e12 / 450e9 / 3, "wrong", "not its forward pass"),
+    (7 / 8 * 989e12 / 450e9 / 3, "wrong", "against one collective"),
+    (7 / 8 * 989e12 / 450e9 * 1.5, "wrong", "only the backward pass"),
     (7 / 8 * 989e12 / 450e9 * 2, "wrong", "2 bytes a value"),
     (7 / 8 * 989e12 / 50e9, "wrong", "network between nodes"),
     (5, "wrong", "solve for b"),

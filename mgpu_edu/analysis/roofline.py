@@ -1,7 +1,8 @@
 """When communication costs time: each axis's threshold, from a device's FLOP/s and a link's bandwidth.
 
-A step hides its communication only if the computation it can overlap takes at least as long. For one
-weight matrix of D × F, with b tokens per device, N devices and links of W bytes/s one way
+A step hides its communication only if the computation it can overlap takes at least as long. For a
+weight matrix of D × F (for tensor parallelism, the MLP's pair, D × F and F × D, between two all-reduces),
+with b tokens per device, N devices and links of W bytes/s one way
 (lesson 03's α-β model with α = 0, ring collectives, 2-byte values):
 
 - **data parallelism**: the backward pass computes 4·b·D·F FLOPs while the gradient's ring all-reduce sends

@@ -1101,9 +1101,11 @@ def fsdp_tokens(answer: Any, device: str = "H100", n: int = 8) -> Feedback:
                   f"when b = (N − 1)/N · C/W = {n - 1}/{n} · {ratio:,.0f}: the same threshold as data parallelism.", [
                       (ratio, f"that is C/W alone, the limit for many devices; with {n}, each sends (N − 1)/N of "
                               "what it gathers: multiply by that."),
-                      (ratio * (n - 1) / n / 3, "that counts FSDP's three collectives but not its forward pass: "
-                                                "the forward and backward compute 6·b·D·F, three times the "
-                                                "backward's share of the traffic each."),
+                      (ratio * (n - 1) / n / 3, "that sets the forward and backward passes' 6·b·D·F against one "
+                                                "collective: FSDP runs three, two all-gathers of the weights "
+                                                "and a reduce-scatter of the gradient."),
+                      (ratio * (n - 1) / n * 3 / 2, "that counts FSDP's three collectives but only the backward "
+                                                    "pass's 4·b·D·F: the forward pass's 2·b·D·F hides them too."),
                       (ratio * (n - 1) / n * 2, "that compares the gradient's all-reduce with the weights' "
                                                 "bytes at 4 bytes a value, or the compute at half: both are "
                                                 "16-bit, 2 bytes a value, and 2 FLOPs a multiply-add."),
@@ -1131,8 +1133,8 @@ def zero_bubble(answer: Any, stages: int, micro_batches: int) -> Feedback:
                   "would have waited.", [
                       (one_f_one_b, "that is 1F1B's bubble, (P − 1)/M: the weight gradients still run right after "
                                     "their input gradients. ZB-H1 moves them into the waits."),
-                      (0.0, "that is ZB-H2's aim, with 2P − 1 micro-batches in flight; ZB-H1 keeps 1F1B's memory "
-                            "and a third of its bubble."),
+                      (0.0, "that is ZB-H2's aim, with 2P − 1 micro-batches in flight; ZB-H1 keeps 1F1B's peak "
+                            "memory, P micro-batches', and a third of its bubble."),
                       ((p - 1) / (3 * m + p - 1), "that is the share of the whole run (ideal plus bubble); the "
                                                   "question asks for a share of the ideal time, 3M slots.")],
                   ": with unit passes the ideal time is 3M slots a stage, and ZB-H1 adds P − 1.", rel_tol=1e-6)

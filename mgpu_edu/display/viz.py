@@ -682,15 +682,16 @@ def draw_grid(data: int, tensor: int, pipeline: int, ax: Axes | None = None) -> 
 
 
 #: How :func:`draw_op_timeline` colours ops: matrix products are compute; an Identity placed on another device is
-#: a copy between devices (what :func:`mgpu_edu.collectives.send_receive` runs); anything else is other work.
-OP_KINDS = {"MatMul": "compute", "BatchMatMulV2": "compute", "Einsum": "compute", "Identity": "copy between devices"}
+#: a receive (what :func:`mgpu_edu.collectives.send_receive` runs; between logical CPUs a hand-over, no copy);
+#: anything else is other work.
+OP_KINDS = {"MatMul": "compute", "BatchMatMulV2": "compute", "Einsum": "compute", "Identity": "receive"}
 
 
 def draw_op_timeline(spans: Sequence, ax: Axes, title: str = "", kinds: dict[str, str] | None = None) -> Axes:
     """Gantt chart of a traced step's ops (``overlap.op_timeline``): one row per device, each op a box from its
     start to its end (µs), coloured by kind (:data:`OP_KINDS`)."""
     kinds = OP_KINDS if kinds is None else kinds
-    colors = {"compute": PALETTE[0], "copy between devices": PALETTE[1], "other": "#cccccc"}
+    colors = {"compute": PALETTE[0], "receive": PALETTE[1], "other": "#cccccc"}
     devices = sorted({s.device for s in spans})
     for s in spans:
         kind = kinds.get(s.op, "other")

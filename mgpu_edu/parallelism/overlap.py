@@ -10,8 +10,8 @@ the all-gather's; what changes is that the product no longer waits for all of th
 
 :func:`collective_matmul` runs it on logical devices (sends through :func:`collectives.send_receive`),
 equal to the all-gather followed by the product; its trace counts, step by step, the bytes in flight and the
-multiply-adds that can run meanwhile. Logical devices run one op at a time, so the overlap is counted, not
-timed: on GPUs the send and the product run on different engines at once.
+multiply-adds that can run meanwhile. Between logical CPUs a send hands the tensor over without copying it,
+so here the overlap is counted, not timed: on GPUs the send runs on a stream of its own beside the product.
 """
 
 from __future__ import annotations

@@ -217,53 +217,66 @@ def zero_bubble_schedule(stages: int, micro_batches: int, split: bool = True) ->
     """A pipeline schedule whose backward pass is split in two, unit time each: "B", the input gradient the
     previous stage waits for, and "W", the weights' gradient, which nothing downstream waits for.
 
-    With ``split`` (ZB-H1, Qi et al., 2024, "Zero Bubble Pipeline Parallelism", §2.1): each stage runs its
-    forwards and B passes in 1F1B's order, as early as their inputs are ready and with 1F1B's limit of
-    P − s micro-batches run forward and not yet B, and puts each W in a slot where nothing else can run, or
-    at the end. Without ``split``, each W runs right after its B and the previous stage's B waits for both,
-    as a whole backward pass (1F1B with a backward twice the forward). With T_F = T_B = T_W = 1 and
-    M ≥ P, the makespans are 3M + 3(P − 1) and 3M + (P − 1) slots: bubbles (P − 1)(T_F + T_B + T_W) and
-    (P − 1)(T_F + T_B − T_W), a third of it, as the paper's Table 2 says (:func:`zero_bubble_ratio`).
+    With ``split`` (ZB-H1, Qi et al., 2024, "Zero Bubble Pipeline Parallelism", §2.1), stage s warms up with
+    min(P − s, M) forwards, one more than 1F1B, then runs, for each micro-batch j, its B, the W of micro-batch
+    j − s (W waits s micro-batches on stage s, filling the slots 1F1B would leave idle) and the next forward;
+    the W's still owed come last. Without ``split``, it is 1F1B with the backward pass whole: each W right after
+    its B, and the previous stage's B waits for both. Every event runs as early as its stage is free and its
+    inputs are ready. With T_F = T_B = T_W = 1 and M ≥ P the makespans are 3M + 3(P − 1) and 3M + (P − 1)
+    slots: bubbles (P − 1)(T_F + T_B + T_W) and (P − 1)(T_F + T_B − T_W), a third of it, as the paper's Table 2
+    says (:func:`zero_bubble_ratio`). A micro-batch's activations stay until its W: 1F1B keeps P − s on stage s,
+    ZB-H1 P on every stage, the same peak, P·M_B (:func:`in_flight_until`).
 
     Example:
         >>> [max(e.end for e in zero_bubble_schedule(4, 8, split)) for split in (False, True)]  # 3M + 3(P−1), 3M + P−1
         [33, 27]
     """
     p, m = _count("stages", stages), _count("micro_batches", micro_batches)
+    orders = []
+    for s in range(p):
+        if split:
+            warm_up = min(p - s, m)
+            order = [("F", i) for i in range(warm_up)]
+            for j in range(m):
+                order += [("B", j)] + [("W", j - s)] * (j >= s) + [("F", warm_up + j)] * (warm_up + j < m)
+            order += [("W", i) for i in range(max(0, m - s), m)]
+        else:
+            order = [(phase, i) for phase, i in stage_order("1f1b", s, p, m) for phase in
+                     ((phase,) if phase == "F" else ("B", "W"))]
+        orders.append(order)
     done: dict[tuple[int, int, str], int] = {}  # (stage, micro-batch, phase) -> the slot it ends
-    forward, backward = [0] * p, [0] * p  # the next micro-batch each stage runs forward, and B
-    waiting: list[list[int]] = [[] for _ in range(p)]  # micro-batches whose W a stage still owes
-    events: list[Event] = []
-    slot = 0
-
-    def ready(key: tuple[int, int, str]) -> bool:
-        return done.get(key, slot + 1) <= slot
-
+    free, position, events = [0] * p, [0] * p, []
     while len(events) < 3 * p * m:
-        for s in range(p):  # one event per stage and slot
-            i, choice = backward[s], None
-            if not split and waiting[s]:
-                choice = ("W", waiting[s][0])  # the rest of the whole backward pass, at once
-            elif i < m and ready((s, i, "F")) and (s == p - 1 or ready((s + 1, i, "B" if split else "W"))):
-                choice = ("B", i)
-            elif forward[s] < m and forward[s] - backward[s] < p - s and (s == 0 or ready((s - 1, forward[s], "F"))):
-                choice = ("F", forward[s])
-            elif waiting[s]:
-                choice = ("W", waiting[s][0])
-            if choice is None:
-                continue
-            phase, i = choice
-            if phase == "B":
-                backward[s] += 1
-                waiting[s].append(i)
-            elif phase == "F":
-                forward[s] += 1
-            else:
-                waiting[s].pop(0)
-            done[(s, i, phase)] = slot + 1
-            events.append(Event(s, i, phase, slot, slot + 1))
-        slot += 1
+        for s in range(p):  # each stage runs its next events while their inputs are ready
+            while position[s] < len(orders[s]):
+                phase, i = orders[s][position[s]]
+                needs = {"F": [(s - 1, i, "F")] if s > 0 else [], "W": [(s, i, "B")],
+                         "B": [(s, i, "F")] + ([(s + 1, i, "B" if split else "W")] if s < p - 1 else [])}[phase]
+                if any(n not in done for n in needs):
+                    break
+                start = max([free[s]] + [done[n] for n in needs])
+                done[(s, i, phase)] = free[s] = start + 1
+                events.append(Event(s, i, phase, start, start + 1))
+                position[s] += 1
     return sorted(events, key=lambda e: (e.start, e.stage))
+
+
+def in_flight_until(events: Sequence[Event], phase: str = "W") -> list[int]:
+    """For each stage, the most micro-batches it has run forward and whose ``phase`` it has not yet run, at once:
+    with a split backward pass, what keeps activations until its weight gradient (W) is done.
+
+    Example:
+        >>> in_flight_until(zero_bubble_schedule(4, 8)), in_flight_until(zero_bubble_schedule(4, 8, split=False))
+        ([4, 4, 4, 4], [4, 3, 2, 1])
+    """
+    peaks = []
+    for s in sorted({e.stage for e in events}):
+        held = peak = 0
+        for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start):
+            held += 1 if e.phase == "F" else -1 if e.phase == phase else 0
+            peak = max(peak, held)
+        peaks.append(peak)
+    return peaks
 
 
 def zero_bubble_ratio(stages: int, micro_batches: int, split: bool = True, forward: float = 1.0,
