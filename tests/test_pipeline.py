@@ -318,3 +318,11 @@ def done_of(events, stage, micro_batch, phase):
 
 def start_of(events, stage, micro_batch, phase):
     return next(e.start for e in events if (e.stage, e.micro_batch, e.phase) == (stage, micro_batch, phase))
+
+
+def test_the_zero_bubble_formula_is_refused_where_the_paper_does_not_give_it():
+    with pytest.raises(ValueError, match=r"zero_bubble_ratio\(stages=8, micro_batches=1.*at least as many micro"):
+        pipeline.zero_bubble_ratio(8, 1)
+    with pytest.raises(ValueError, match="weight_grad=2.5"):
+        pipeline.zero_bubble_ratio(4, 8, weight_grad=2.5)
+    assert pipeline.zero_bubble_ratio(8, 1, split=False) == 7.0  # 1F1B's (P − 1)/M holds for any M

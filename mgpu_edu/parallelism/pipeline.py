@@ -46,7 +46,8 @@ class InFlight(NamedTuple):
 
 
 class Event(NamedTuple):
-    """One slot of a pipeline schedule: a stage runs a micro-batch's forward ("F") or backward ("B")."""
+    """One slot of a pipeline schedule: a stage runs a micro-batch's forward ("F") or backward ("B"); with the
+    backward pass split (:func:`zero_bubble_schedule`), "B" is its input gradient and "W" its weights'."""
 
     stage: int
     micro_batch: int
@@ -217,10 +218,10 @@ def zero_bubble_schedule(stages: int, micro_batches: int, split: bool = True) ->
     """A pipeline schedule whose backward pass is split in two, unit time each: "B", the input gradient the
     previous stage waits for, and "W", the weights' gradient, which nothing downstream waits for.
 
-    With ``split`` (ZB-H1, Qi et al., 2024, "Zero Bubble Pipeline Parallelism", §2.1), stage s warms up with
-    min(P − s, M) forwards, one more than 1F1B, then runs, for each micro-batch j, its B, the W of micro-batch
-    j − s (W waits s micro-batches on stage s, filling the slots 1F1B would leave idle) and the next forward;
-    the W's still owed come last. Without ``split``, it is 1F1B with the backward pass whole: each W right after
+    With ``split`` (ZB-H1, Qi et al., 2024, "Zero Bubble Pipeline Parallelism", §2.1), stage s runs 1F1B's order
+    of forwards and B's (min(P − s, M) forwards before its first B), and puts the W of micro-batch j − s right
+    after B_j (W waits s micro-batches on stage s, filling the slots 1F1B would leave idle); the W's still owed
+    come last. Without ``split``, it is 1F1B with the backward pass whole: each W right after
     its B, and the previous stage's B waits for both. Every event runs as early as its stage is free and its
     inputs are ready. With T_F = T_B = T_W = 1 and M ≥ P the makespans are 3M + 3(P − 1) and 3M + (P − 1)
     slots: bubbles (P − 1)(T_F + T_B + T_W) and (P − 1)(T_F + T_B − T_W), a third of it, as the paper's Table 2
@@ -282,7 +283,8 @@ def in_flight_until(events: Sequence[Event], phase: str = "W") -> list[int]:
 def zero_bubble_ratio(stages: int, micro_batches: int, split: bool = True, forward: float = 1.0,
                       input_grad: float = 1.0, weight_grad: float = 1.0) -> float:
     """The bubble as a share of the ideal time, Qi et al.'s Table 2: (P − 1)(T_F + T_B − T_W) for ZB-H1, against
-    (P − 1)(T_F + T_B + T_W) for 1F1B (``split=False``), over the ideal M·(T_F + T_B + T_W).
+    (P − 1)(T_F + T_B + T_W) for 1F1B (``split=False``), over the ideal M·(T_F + T_B + T_W). ZB-H1's holds for
+    M ≥ P and T_W ≤ T_F (a clear error says so otherwise).
 
     Example:
         >>> zero_bubble_ratio(4, 8, split=False), zero_bubble_ratio(4, 8)  # (P − 1)/M, and a third of it
@@ -291,6 +293,11 @@ def zero_bubble_ratio(stages: int, micro_batches: int, split: bool = True, forwa
     p, m = _count("stages", stages), _count("micro_batches", micro_batches)
     for name, value in (("forward", forward), ("input_grad", input_grad), ("weight_grad", weight_grad)):
         positive_number(name, value)
+    if split and (m < p or weight_grad > forward):
+        raise BadArgument(f"zero_bubble_ratio(stages={p}, micro_batches={m}, weight_grad={weight_grad:g}, "
+                          f"forward={forward:g}): Qi et al.'s ZB-H1 bubble holds for at least as many micro-batches "
+                          "as stages and a weight-gradient pass no longer than the forward; count the bubble of "
+                          "zero_bubble_schedule's events otherwise.")
     ideal = m * (forward + input_grad + weight_grad)
     return (p - 1) * (forward + input_grad + (-weight_grad if split else weight_grad)) / ideal
 
