@@ -332,12 +332,16 @@ def _grade(args: argparse.Namespace) -> int:
         bar(result)
 
     def stop(signum: int, frame: object) -> None:
+        if not args.no_execute:  # every kernel ends now, so that nothing waits on a busy one while asyncio unwinds
+            from mgpu_edu.course import sandbox
+
+            sandbox.kill_tree(os.getpid(), spare_root=True)
         raise KeyboardInterrupt
 
     # Ctrl-C stops the batch even where the grader was started with SIGINT ignored (a process inherits that,
-    # and Python then never raises KeyboardInterrupt): asyncio turns it into a clean stop of every kernel.
+    # and Python then never raises KeyboardInterrupt): asyncio then unwinds every task, the kernels already gone.
     previous = signal.signal(signal.SIGTERM, stop) if hasattr(signal, "SIGTERM") else None
-    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous_interrupt = signal.signal(signal.SIGINT, stop)
     try:
         if args.no_execute:
             print(f"note: --no-execute {grading.TRUSTED}", file=sys.stderr)
