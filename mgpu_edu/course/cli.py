@@ -320,7 +320,11 @@ def _grade(args: argparse.Namespace) -> int:
         handle.flush()
     bar = _progress(len(paths), args.no_execute)
 
+    interrupted: list[int] = []  # the signal that stopped the batch, if one did
+
     def graded(result: Graded) -> None:
+        if interrupted:  # a notebook whose kernel the interrupt ended: not graded
+            return
         done.append(result)
         if writer:
             writer.writerows(_rows(result))
@@ -332,11 +336,12 @@ def _grade(args: argparse.Namespace) -> int:
         bar(result)
 
     def stop(signum: int, frame: object) -> None:
+        interrupted.append(signum)
         if not args.no_execute:  # every kernel ends now, so that nothing waits on a busy one while asyncio unwinds
             from mgpu_edu.course import sandbox
 
             sandbox.kill_tree(os.getpid(), spare_root=True)
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt  # where Python swallows it (in a finalizer), `interrupted` still says so
 
     # Ctrl-C stops the batch even where the grader was started with SIGINT ignored (a process inherits that,
     # and Python then never raises KeyboardInterrupt): asyncio then unwinds every task, the kernels already gone.
@@ -359,7 +364,10 @@ def _grade(args: argparse.Namespace) -> int:
                       "graded notebook can read: keep handed-in notebooks and grade files outside it",
                       file=sys.stderr)
             limits = grading.Limits(args.timeout, args.notebook_timeout, args.memory_mb)
-            grading.grade_batch(paths, lessons, limits, jobs=args.jobs, expected=expected, on_graded=graded)
+            grading.grade_batch(paths, lessons, limits, jobs=args.jobs, expected=expected, on_graded=graded,
+                                stopped=lambda: bool(interrupted))
+        if interrupted:
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         if handle:
             handle.close()

@@ -763,12 +763,14 @@ def _become_subreaper() -> None:
 
 
 def grade_batch(paths: Sequence[Path], lessons: dict[str, CourseLesson], limits: Limits, jobs: int = 1,
-                expected: str | None = None, on_graded: Callable[[Graded], None] | None = None) -> list[Graded]:
+                expected: str | None = None, on_graded: Callable[[Graded], None] | None = None,
+                stopped: Callable[[], bool] | None = None) -> list[Graded]:
     """Grade every handed-in notebook (up to ``jobs`` at once); call on_graded as each one finishes.
 
     Every file gets a Graded, whatever it holds or does. Returns them in the order given. KeyboardInterrupt
     (Ctrl-C, or SIGTERM turned into one by the command line) stops the batch, kills every kernel, and
-    propagates; what on_graded was given is kept.
+    propagates; what on_graded was given is kept. Once ``stopped()`` is true no further notebook starts (the
+    command line's signal handler says so, in case the KeyboardInterrupt it raised was swallowed).
     """
     paths = [Path(p) for p in paths]
     names = names_for(paths)
@@ -803,6 +805,8 @@ def grade_batch(paths: Sequence[Path], lessons: dict[str, CourseLesson], limits:
 
         async def one(index: int, job: _Job) -> None:
             async with semaphore:
+                if stopped is not None and stopped():
+                    return
                 try:
                     result = await _grade_job(job, workspace, limits, references)
                 except Exception as error:  # a bug or an OS failure: this notebook fails, the batch goes on
