@@ -300,8 +300,8 @@ def test_zero_bubble_against_the_papers_table(stages, micro_batches):
     for e in whole:  # a whole backward: W right after its B, and the stage before waits for both
         if e.phase == "B" and e.stage > 0:
             assert done_of(whole, e.stage, e.micro_batch, "W") <= start_of(whole, e.stage - 1, e.micro_batch, "B")
-    assert pipeline.in_flight_until(whole) == [min(p - s, m) for s in range(p)]
-    assert pipeline.in_flight_until(split) == [min(p, m)] * p
+    assert pipeline.in_flight_peaks(whole, until="W") == [min(p - s, m) for s in range(p)]
+    assert pipeline.in_flight_peaks(split, until="W") == [min(p, m)] * p
     makespan = {name: max(e.end for e in events) for name, events in (("1f1b", whole), ("zb-h1", split))}
     assert makespan["1f1b"] == 3 * m + 3 * (p - 1)
     assert makespan["zb-h1"] <= makespan["1f1b"]

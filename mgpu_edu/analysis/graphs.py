@@ -132,7 +132,7 @@ def trace(forward: Callable[..., Any], backward: Callable[[Any], Any], *inputs: 
 
 def kept_in(traced: Traced) -> list[Kept]:
     """What :func:`kept_for_backward` returns, read from a step already traced (:func:`trace`)."""
-    live = _feeding(traced.gradients, traced.made)
+    live = feeding(traced.gradients, traced.made)
     readers: dict[str, list[str]] = collections.defaultdict(list)
     tensors: dict[str, Any] = {}
     for op in traced.ops:
@@ -146,8 +146,9 @@ def kept_in(traced: Traced) -> list[Kept]:
                  tuple(sorted(set(readers[name])))) for name, tensor in tensors.items()]
 
 
-def _feeding(outputs: Any, made: set[Any]) -> set[Any]:
-    """The ops made after ``made`` (the backward pass) that ``outputs`` depend on."""
+def feeding(outputs: Any, made: set[Any]) -> set[Any]:
+    """The ops ``outputs`` depend on (their inputs and control inputs, and theirs), their own ops included, that
+    are not in ``made``: with a traced step's forward ops as ``made``, the backward ops they wait for."""
     tf = quiet.import_tensorflow()
     live: set[Any] = set()
     stack = [x.op for x in tf.nest.flatten(outputs, expand_composites=True) if x is not None]

@@ -117,22 +117,14 @@ def gradient_readiness(model: Any, loss_fn: Any, x: Any, y: Any) -> list[Ready]:
         return tape, loss
 
     traced = graphs.trace(forward, lambda r: r[0].gradient(r[1], weights), x, y)
-    backward = [op for op in traced.ops if op not in traced.made]
-    flops = {op: _product_flops(op) for op in backward}
+    flops = {op: _product_flops(op) for op in traced.ops if op not in traced.made}  # the backward pass's
     total = sum(flops.values())
-    backward_set = set(backward)
     out = []
     for weight, grad in zip(weights, traced.gradients, strict=True):
-        seen, todo = set(), [grad.op]
-        while todo:
-            op = todo.pop()
-            if op in seen or op not in backward_set:
-                continue
-            seen.add(op)
-            todo += [t.op for t in op.inputs] + list(op.control_inputs)
+        waits = graphs.feeding(grad, traced.made)  # the backward ops this gradient depends on
         nbytes = int(tf.size(weight)) * tf.as_dtype(weight.dtype).size
         out.append(Ready(weight.path if hasattr(weight, "path") else weight.name, nbytes,
-                         total - sum(flops[op] for op in seen)))
+                         total - sum(flops.get(op, 0) for op in waits)))
     return sorted(out, key=lambda r: -r.remaining)
 
 

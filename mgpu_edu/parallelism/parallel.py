@@ -261,6 +261,8 @@ def waits_between_devices(work: Callable[[Any], Any], shards: Sequence[Any], dev
         [0, 3]
     """
     tf = quiet.import_tensorflow()
+    from mgpu_edu.analysis import graphs
+
     one_of("builder", builder, ("wrap_function", "tf.function"))
     devices = _device_list(devices)
     specs = [tf.TensorSpec.from_tensor(s) for s in shards]
@@ -270,19 +272,8 @@ def waits_between_devices(work: Callable[[Any], Any], shards: Sequence[Any], dev
     else:
         ops = tf.compat.v1.wrap_function(run, specs).graph.get_operations()
     starts = [op for op in ops if op.type == "Timestamp"][::2]  # each device's first
-
-    count = 0
-    for start in starts:
-        seen, todo = set(), [start]
-        while todo:
-            current = todo.pop()
-            for before in [t.op for t in current.inputs] + list(current.control_inputs):
-                if before not in seen:
-                    seen.add(before)
-                    todo.append(before)
-        own = start.device
-        count += any(op.device and op.device != own for op in seen)
-    return count
+    return sum(any(op.device and op.device != start.device for op in graphs.feeding(start.outputs, set()))
+               for start in starts)
 
 
 def overlap_fraction(spans: Sequence[Span]) -> float:

@@ -127,22 +127,36 @@ def one_f_one_b_schedule(stages: int, micro_batches: int) -> list[Event]:
     """
     p, m = _count("stages", stages), _count("micro_batches", micro_batches)
     orders = [stage_order("1f1b", s, p, m) for s in range(p)]
-    done: dict[tuple[int, int, str], int] = {}  # (stage, micro-batch, phase) -> the slot it ends
-    free, position, events = [0] * p, [0] * p, []
-    while len(events) < 2 * p * m:
-        for s in range(p):  # each stage runs its next events while their inputs are ready
-            while position[s] < len(orders[s]):
-                phase, i = orders[s][position[s]]
-                needs = [(s - 1, i, "F")] if phase == "F" and s > 0 else []
-                if phase == "B":
-                    needs = [(s, i, "F")] + ([(s + 1, i, "B")] if s < p - 1 else [])
-                if any(n not in done for n in needs):
+
+    def needs(s: int, event: tuple[str, int]) -> list[tuple]:
+        phase, i = event
+        if phase == "F":
+            return [(s - 1, "F", i)] if s > 0 else []
+        return [(s, "F", i)] + ([(s + 1, "B", i)] if s < p - 1 else [])
+
+    return sorted((Event(s, i, phase, start, start + 1)
+                   for s, (phase, i), start in _as_early_as_possible(orders, needs)), key=lambda e: (e.start, e.stage))
+
+
+def _as_early_as_possible(orders: list[list[tuple]], needs: Any) -> list[tuple[int, tuple, int]]:
+    """Run each stage's events in its order (``orders[s]``, each event a tuple starting with its phase), every one
+    in a unit-time slot as early as its stage is free and the events ``needs(s, event)`` names, as (stage, *event),
+    have ended. Returns (stage, event, start slot) for every event."""
+    done: dict[tuple, int] = {}  # (stage, *event) -> the slot it ends
+    free, position, out = [0] * len(orders), [0] * len(orders), []
+    total = sum(len(order) for order in orders)
+    while len(out) < total:
+        for s, order in enumerate(orders):  # each stage runs its next events while their inputs are ready
+            while position[s] < len(order):
+                event = order[position[s]]
+                waits = needs(s, event)
+                if any(n not in done for n in waits):
                     break
-                start = max([free[s]] + [done[n] for n in needs])
-                done[(s, i, phase)] = free[s] = start + 1
-                events.append(Event(s, i, phase, start, start + 1))
+                start = max([free[s]] + [done[n] for n in waits])
+                done[(s, *event)] = free[s] = start + 1
+                out.append((s, event, start))
                 position[s] += 1
-    return sorted(events, key=lambda e: (e.start, e.stage))
+    return out
 
 
 class ChunkEvent(NamedTuple):
@@ -194,24 +208,17 @@ def interleaved_schedule(stages: int, micro_batches: int, virtual_stages: int) -
         for k in range(total - warm_up):
             order += [("F", *forward(warm_up + k)), ("B", *backward(k))]
         orders.append(order + [("B", *backward(k)) for k in range(total - warm_up, total)])
-    done: dict[tuple[int, int, int, str], int] = {}  # (stage, chunk, micro-batch, phase) -> the slot it ends
-    free, position, events = [0] * p, [0] * p, []
-    while len(events) < 2 * p * total:
-        for s in range(p):
-            while position[s] < len(orders[s]):
-                phase, c, i = orders[s][position[s]]
-                if phase == "F":  # the previous piece of the model: the stage before, or the last stage's chunk c − 1
-                    needs = [(s - 1, c, i, "F")] if s > 0 else ([(p - 1, c - 1, i, "F")] if c > 0 else [])
-                else:
-                    later = [(s + 1, c, i, "B")] if s < p - 1 else ([(0, c + 1, i, "B")] if c < v - 1 else [])
-                    needs = [(s, c, i, "F"), *later]
-                if any(n not in done for n in needs):
-                    break
-                start = max([free[s]] + [done[n] for n in needs])
-                done[(s, c, i, phase)] = free[s] = start + 1
-                events.append(ChunkEvent(s, c, i, phase, start, start + 1))
-                position[s] += 1
-    return sorted(events, key=lambda e: (e.start, e.stage))
+
+    def needs(s: int, event: tuple[str, int, int]) -> list[tuple]:
+        phase, c, i = event
+        if phase == "F":  # the previous piece of the model: the stage before, or the last stage's chunk c − 1
+            return [(s - 1, "F", c, i)] if s > 0 else ([(p - 1, "F", c - 1, i)] if c > 0 else [])
+        later = [(s + 1, "B", c, i)] if s < p - 1 else ([(0, "B", c + 1, i)] if c < v - 1 else [])
+        return [(s, "F", c, i), *later]
+
+    return sorted((ChunkEvent(s, c, i, phase, start, start + 1)
+                   for s, (phase, c, i), start in _as_early_as_possible(orders, needs)),
+                  key=lambda e: (e.start, e.stage))
 
 
 def zero_bubble_schedule(stages: int, micro_batches: int, split: bool = True) -> list[Event]:
@@ -226,7 +233,7 @@ def zero_bubble_schedule(stages: int, micro_batches: int, split: bool = True) ->
     inputs are ready. With T_F = T_B = T_W = 1 and M ≥ P the makespans are 3M + 3(P − 1) and 3M + (P − 1)
     slots: bubbles (P − 1)(T_F + T_B + T_W) and (P − 1)(T_F + T_B − T_W), a third of it, as the paper's Table 2
     says (:func:`zero_bubble_ratio`). A micro-batch's activations stay until its W: 1F1B keeps P − s on stage s,
-    ZB-H1 P on every stage, the same peak, P·M_B (:func:`in_flight_until`).
+    ZB-H1 P on every stage, the same peak, P·M_B (:func:`in_flight_peaks` until "W").
 
     Example:
         >>> [max(e.end for e in zero_bubble_schedule(4, 8, split)) for split in (False, True)]  # 3M + 3(P−1), 3M + P−1
@@ -245,39 +252,14 @@ def zero_bubble_schedule(stages: int, micro_batches: int, split: bool = True) ->
             order = [(phase, i) for phase, i in stage_order("1f1b", s, p, m) for phase in
                      ((phase,) if phase == "F" else ("B", "W"))]
         orders.append(order)
-    done: dict[tuple[int, int, str], int] = {}  # (stage, micro-batch, phase) -> the slot it ends
-    free, position, events = [0] * p, [0] * p, []
-    while len(events) < 3 * p * m:
-        for s in range(p):  # each stage runs its next events while their inputs are ready
-            while position[s] < len(orders[s]):
-                phase, i = orders[s][position[s]]
-                needs = {"F": [(s - 1, i, "F")] if s > 0 else [], "W": [(s, i, "B")],
-                         "B": [(s, i, "F")] + ([(s + 1, i, "B" if split else "W")] if s < p - 1 else [])}[phase]
-                if any(n not in done for n in needs):
-                    break
-                start = max([free[s]] + [done[n] for n in needs])
-                done[(s, i, phase)] = free[s] = start + 1
-                events.append(Event(s, i, phase, start, start + 1))
-                position[s] += 1
-    return sorted(events, key=lambda e: (e.start, e.stage))
 
+    def needs(s: int, event: tuple[str, int]) -> list[tuple]:
+        phase, i = event
+        return {"F": [(s - 1, "F", i)] if s > 0 else [], "W": [(s, "B", i)],
+                "B": [(s, "F", i)] + ([(s + 1, "B" if split else "W", i)] if s < p - 1 else [])}[phase]
 
-def in_flight_until(events: Sequence[Event], phase: str = "W") -> list[int]:
-    """For each stage, the most micro-batches it has run forward and whose ``phase`` it has not yet run, at once:
-    with a split backward pass, what keeps activations until its weight gradient (W) is done.
-
-    Example:
-        >>> in_flight_until(zero_bubble_schedule(4, 8)), in_flight_until(zero_bubble_schedule(4, 8, split=False))
-        ([4, 4, 4, 4], [4, 3, 2, 1])
-    """
-    peaks = []
-    for s in sorted({e.stage for e in events}):
-        held = peak = 0
-        for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start):
-            held += 1 if e.phase == "F" else -1 if e.phase == phase else 0
-            peak = max(peak, held)
-        peaks.append(peak)
-    return peaks
+    return sorted((Event(s, i, phase, start, start + 1)
+                   for s, (phase, i), start in _as_early_as_possible(orders, needs)), key=lambda e: (e.start, e.stage))
 
 
 def zero_bubble_ratio(stages: int, micro_batches: int, split: bool = True, forward: float = 1.0,
@@ -302,22 +284,25 @@ def zero_bubble_ratio(stages: int, micro_batches: int, split: bool = True, forwa
     return (p - 1) * (forward + input_grad + (-weight_grad if split else weight_grad)) / ideal
 
 
-def in_flight_peaks(events: Sequence[Event | ChunkEvent]) -> list[int]:
-    """For each stage, the most micro-batches (chunks, in an interleaved schedule) it has run forward and not yet
-    backward at once.
+def in_flight_peaks(events: Sequence[Event | ChunkEvent], until: str = "B") -> list[int]:
+    """For each stage, the most micro-batches (chunks, in an interleaved schedule) it has run forward and whose
+    ``until`` phase it has not yet run, at once.
 
-    Each of them keeps its activations on the stage's device until its backward pass, so
-    this is the schedule's activation memory, in micro-batches.
+    Each of them keeps its activations on the stage's device until then, so this is the schedule's activation
+    memory, in micro-batches: until the backward pass ("B"), or, with the backward pass split
+    (:func:`zero_bubble_schedule`), until the weight gradient ("W").
 
     Example:
         >>> in_flight_peaks(gpipe_schedule(2, 3))
         [3, 3]
+        >>> in_flight_peaks(zero_bubble_schedule(4, 8), "W"), in_flight_peaks(zero_bubble_schedule(4, 8, False), "W")
+        ([4, 4, 4, 4], [4, 3, 2, 1])
     """
     peaks = []
     for s in sorted({e.stage for e in events}):
         held = peak = 0
         for e in sorted((e for e in events if e.stage == s), key=lambda e: e.start):
-            held += 1 if e.phase == "F" else -1
+            held += 1 if e.phase == "F" else -1 if e.phase == until else 0
             peak = max(peak, held)
         peaks.append(peak)
     return peaks
